@@ -1,0 +1,33 @@
+# torchft_pg developer commands. Everything runs inside .venv (made by `make install`).
+PY ?= .venv/bin/python
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install demo test test-slow lint bench proto clean
+
+install:  ## create .venv with pinned CPU torch and the project (editable, dev extras)
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+
+demo:  ## the fault-tolerance demo (see README)
+	PYTHONUNBUFFERED=1 $(PY) examples/demo.py
+
+test:  ## the full CI suite: unit, integration and the short chaos plan
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow:  ## long soak runs (100 kills)
+	$(PY) -m pytest -q -m slow tests
+
+lint:
+	$(PY) -m ruff check torchft_pg lighthouse tests bench examples
+	$(PY) -m mypy
+
+bench:
+	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
+	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
+
+proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
+	$(PY) -m lighthouse._codegen lighthouse/_gen
+
+clean:
+	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache
