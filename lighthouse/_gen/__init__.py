@@ -1,0 +1,1 @@
+"""Generated from proto/ by `make proto`; never edit by hand."""
