@@ -1,0 +1,231 @@
+"""The lighthouse's event-loop side: pending long-polls, liveness streams, ticks.
+
+``LighthouseCore`` glues ``QuorumState``/``decide_quorum`` to asyncio futures. It
+runs on one event loop and is never touched from another thread, so it needs
+no lock. Work per request is O(1) plus, when a quorum issues, O(N) to build
+and serialize it once for all N members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from lighthouse import wire
+from lighthouse.clock import Clock
+from lighthouse.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
+from lighthouse.types import FailureNotice, QuorumMember
+
+log = logging.getLogger("lighthouse")
+
+
+class Metrics(Protocol):
+    """What the core reports; ``lighthouse.status.LighthouseMetrics`` implements it."""
+
+    def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None: ...
+    def death(self, cause: str, count: int) -> None: ...
+
+
+class SupersededError(Exception):
+    """A newer quorum request from the same replica replaced this one."""
+
+
+def _unix_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LighthouseCore:
+    """Quorum state plus the futures and streams waiting on it (one event loop only)."""
+
+    def __init__(
+        self, config: QuorumConfig, clock: Clock, epoch: str, metrics: Metrics | None = None
+    ) -> None:
+        """``config`` times are in seconds; ``epoch`` is the random start-up id."""
+        self.config = config
+        self.clock = clock
+        self.epoch = epoch
+        self.metrics = metrics
+        self.state = QuorumState(epoch)
+        self.waiters: dict[str, asyncio.Future[bytes]] = {}
+        self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
+        self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
+        self.quorums_issued = 0
+
+    # -- requests ----------------------------------------------------------------------
+    def request(self, member: QuorumMember) -> asyncio.Future[bytes]:
+        """Register a quorum request; the future gets the serialized response."""
+        rid = member.replica_id
+        old = self.waiters.pop(rid, None)
+        if old is not None and not old.done():
+            old.set_exception(SupersededError(f"a newer quorum request from {rid!r} replaced this one"))
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.waiters[rid] = fut
+        self.state.request(member, self.clock.now())
+        self.evaluate()
+        return fut
+
+    def withdraw(self, replica_id: str, fut: asyncio.Future[bytes]) -> None:
+        """The request behind ``fut`` was cancelled (deadline, client gone): forget it."""
+        if self.waiters.get(replica_id) is fut:
+            del self.waiters[replica_id]
+            self.state.withdraw(replica_id)
+
+    def heartbeat(self, replica_id: str) -> None:
+        """A sign of life from ``replica_id``."""
+        self.state.heartbeat(replica_id, self.clock.now())
+
+    # -- liveness streams ----------------------------------------------------------------
+    def stream_opened(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
+        """A manager server opened its liveness stream; notices go to ``queue``."""
+        self.streams.setdefault(replica_id, set()).add(queue)
+        self.heartbeat(replica_id)
+
+    def stream_closed(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
+        """The stream ended: with no other stream left, the replica is dead at once."""
+        queues = self.streams.get(replica_id)
+        if queues is None:
+            return
+        queues.discard(queue)
+        if queues:
+            return
+        del self.streams[replica_id]
+        if self.state.forget(replica_id):
+            self._declared_dead([replica_id], "liveness stream closed")
+
+    def _declared_dead(self, dead: list[str], reason: str) -> None:
+        """Fail their pending requests, notify the survivors, re-decide."""
+        for rid in dead:
+            fut = self.waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(SupersededError(f"replica {rid!r} was declared dead: {reason}"))
+        now_ms = _unix_ms()
+        for rid in dead:
+            self.recent_deaths.append({"replica_id": rid, "reason": reason, "unix_ms": now_ms})
+        if self.metrics is not None:
+            self.metrics.death(reason, len(dead))
+        prev = self.state.prev
+        if prev is not None:
+            members = set(prev.replica_ids)
+            in_prev = tuple(r for r in dead if r in members)
+            if in_prev:
+                notice = FailureNotice(self.epoch, prev.quorum_id, in_prev, reason, now_ms)
+                payload = wire.encode_liveness_event(self.epoch, notice)
+                for rid in members.difference(in_prev):
+                    for q in self.streams.get(rid, ()):
+                        q.put_nowait(payload)
+                log.warning(
+                    "replica(s) %s of quorum %s/%d died (%s); told %d survivor(s)",
+                    list(in_prev), self.epoch, prev.quorum_id, reason, len(members) - len(in_prev),
+                )
+        self.evaluate()
+
+    # -- deciding ------------------------------------------------------------------------
+    def tick(self) -> None:
+        """Periodic: expire silent replicas (heartbeat timeout fallback), re-decide."""
+        dead = self.state.prune(self.clock.now(), self.config.heartbeat_timeout_s)
+        for rid in dead:
+            for q in self.streams.pop(rid, ()):
+                q.put_nowait(b"")  # ask its stream handler to hang up
+        if dead:
+            self._declared_dead(dead, f"no heartbeat for {self.config.heartbeat_timeout_s:g} s")
+        else:
+            self.evaluate()
+
+    def evaluate(self) -> None:
+        """Run the rules once; issue and deliver a quorum if they say so."""
+        now = self.clock.now()
+        d = decide_quorum(now, self.state, self.config)
+        if d.kind != self.decision.kind:
+            log.log(logging.DEBUG if d.kind in ("fast", "idle") else logging.INFO, "%s", d.reason)
+        self.decision = d
+        if d.members is None:
+            return
+        latency_s = now - self.state.earliest_joined()
+        old_id = self.state.quorum_id
+        quorum = self.state.issue(d.members, now, _unix_ms())
+        self.quorums_issued += 1
+        payload = wire.encode_lighthouse_quorum_response(quorum)
+        for m in d.members:
+            fut = self.waiters.pop(m.replica_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(payload)
+        if self.metrics is not None:
+            self.metrics.quorum_issued(len(d.members), latency_s, quorum.quorum_id != old_id)
+        if quorum.quorum_id != old_id:
+            log.info(
+                "quorum %s/%d issued with %d member(s): %s",
+                self.epoch, quorum.quorum_id, len(d.members), d.reason,
+            )
+
+    # -- status --------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-able picture for ``/status`` (O(N); called on demand only)."""
+        now = self.clock.now()
+        state = self.state
+        prev = state.prev
+        members: list[dict[str, Any]] = []
+        step_times: list[tuple[float, str]] = []
+        if prev is not None:
+            max_step = max((m.step for m in prev.participants), default=0)
+            for m in prev.participants:
+                d = asdict(m)
+                last = state.seen.get(m.replica_id)
+                d["alive"] = last is not None
+                d["last_seen_s_ago"] = None if last is None else round(now - last, 3)
+                d["recovering"] = m.step != max_step
+                latest = state.last_member.get(m.replica_id)
+                if latest is not None and latest.step_time_ms > 0:
+                    d["step_time_ms"] = latest.step_time_ms
+                    step_times.append((latest.step_time_ms, m.replica_id))
+                members.append(d)
+        step_report: dict[str, Any] | None = None
+        if step_times:
+            median = statistics.median(t for t, _ in step_times)
+            slow_t, slow_id = max(step_times)
+            step_report = {
+                "median_step_time_ms": median,
+                "slowest_replica_id": slow_id,
+                "slowest_step_time_ms": slow_t,
+                "slowest_over_median": round(slow_t / median, 3) if median > 0 else None,
+            }
+        live = [
+            {
+                "replica_id": rid,
+                "last_seen_s_ago": round(now - last, 3),
+                "pending": rid in state.pending,
+                "liveness_streams": len(self.streams.get(rid, ())),
+            }
+            for rid, last in state.seen.items()
+        ]
+        waiting = set(state.seen) - set(state.pending)
+        return {
+            "epoch": self.epoch,
+            "quorum_id": state.quorum_id,
+            "quorums_issued": self.quorums_issued,
+            "quorum": None
+            if prev is None
+            else {
+                "quorum_id": prev.quorum_id,
+                "epoch": prev.epoch,
+                "created_unix_ms": prev.created_unix_ms,
+                "age_s": round(time.time() - prev.created_unix_ms / 1000, 3),
+                "members": members,
+            },
+            "next_quorum": {
+                "reason": self.decision.reason,
+                "kind": self.decision.kind,
+                "pending": sorted(state.pending),
+                "not_asked_yet": sorted(waiting)[:100],
+            },
+            "live": live[:1000],
+            "live_count": len(live),
+            "recent_deaths": list(self.recent_deaths),
+            "step_report": step_report,
+            "config": asdict(self.config),
+        }

@@ -1,0 +1,277 @@
+"""``LighthouseServer``: the gRPC shell around ``LighthouseCore`` plus the HTTP status.
+
+The asyncio gRPC server (measured faster than the thread-pool server under
+hundreds of concurrent long-polls, see bench/quorum.py) runs on the
+process-wide background loop; every handler is a few lines that decode,
+validate, call the core and encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from lighthouse import validate, wire
+from lighthouse._loop import background_loop, run_sync
+from lighthouse.clock import Clock, MonotonicClock
+from lighthouse.core import LighthouseCore, SupersededError
+from lighthouse.quorum import (
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_JOIN_TIMEOUT_MS,
+    DEFAULT_MIN_REPLICAS,
+    DEFAULT_QUORUM_TICK_MS,
+    QuorumConfig,
+)
+from lighthouse.status import LighthouseMetrics, StatusHTTPServer
+
+log = logging.getLogger("lighthouse")
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def split_host_port(addr: str, what: str = "address") -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host without brackets, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{what} must be 'host:port' or '[v6]:port', got {addr!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """Inverse of ``split_host_port`` (brackets IPv6 literals)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertised_host(bind_host: str, hostname: str | None) -> str:
+    """``hostname`` if given, else the bind host, else (wildcard bind) the machine's name."""
+    if hostname:
+        return hostname
+    if bind_host not in _WILDCARDS:
+        return bind_host
+    return socket.gethostname()
+
+
+def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
+    """Options shared by both servers: size limit, no port sharing, keepalive pings
+    every ``keepalive_ms`` milliseconds so a silent peer's calls end."""
+    return [
+        ("grpc.max_receive_message_length", validate.MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ]
+
+
+class LighthouseServer:
+    """One lighthouse per job: decides every quorum and detects dead replicas.
+
+    Args:
+        bind: gRPC listen address, ``host:port`` (port 0 picks a free one).
+        min_replicas: fewest replica groups for a (non-fast) quorum.
+        join_timeout_ms: milliseconds to wait for live replicas that have not
+            asked yet, counted from the first pending request.
+        quorum_tick_ms: milliseconds between background re-evaluations.
+        heartbeat_timeout_ms: milliseconds of silence after which a replica
+            without a pending request is declared dead (fallback; a closed
+            liveness stream declares it dead at once).
+        http_bind: ``host:port`` for the dashboard, ``/status`` and ``/metrics``;
+            None serves no HTTP.
+        hostname: host to advertise in ``address()``; default: the bind host,
+            or the machine's host name for a wildcard bind.
+        clock: time source (seconds); tests inject a ``FakeClock``.
+        epoch: override the random start-up id (tests only).
+    """
+
+    def __init__(
+        self,
+        bind: str = "[::]:0",
+        min_replicas: int = DEFAULT_MIN_REPLICAS,
+        join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
+        quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
+        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        http_bind: str | None = None,
+        hostname: str | None = None,
+        clock: Clock | None = None,
+        epoch: str | None = None,
+    ) -> None:
+        if quorum_tick_ms <= 0:
+            raise ValueError(f"quorum_tick_ms must be > 0, got {quorum_tick_ms}")
+        self.config = QuorumConfig(
+            min_replicas=min_replicas,
+            join_timeout_s=join_timeout_ms / 1000,
+            heartbeat_timeout_s=heartbeat_timeout_ms / 1000,
+        )
+        self._tick_s = quorum_tick_ms / 1000
+        bind_host, _ = split_host_port(bind, "bind")
+        self.epoch = epoch or secrets.token_hex(6)
+        self.metrics = LighthouseMetrics()
+        self.core = LighthouseCore(self.config, clock or MonotonicClock(), self.epoch, self.metrics)
+        self._server: grpc.aio.Server | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self._http: StatusHTTPServer | None = None
+        self._stopped = False
+        self._port = run_sync(self._start(bind, max(1000, heartbeat_timeout_ms)), timeout_s=30)
+        self._host = advertised_host(bind_host, hostname)
+        if http_bind is not None:
+            self._http = StatusHTTPServer(split_host_port(http_bind, "http_bind"), self.status, self.metrics)
+        log.info(
+            "lighthouse epoch %s serving on %s (min_replicas=%d, join_timeout_ms=%d, "
+            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d)%s",
+            self.epoch, self.address(), min_replicas, join_timeout_ms, quorum_tick_ms,
+            heartbeat_timeout_ms, f", status on {self.http_address()}" if self._http else "",
+        )
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def _start(self, bind: str, keepalive_ms: int) -> int:
+        server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
+        handlers = {
+            "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(self._heartbeat),
+            "Liveness": grpc.stream_stream_rpc_method_handler(self._liveness),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(wire.LIGHTHOUSE_SERVICE, handlers),)
+        )
+        port = server.add_insecure_port(bind)
+        if port == 0:
+            raise OSError(f"could not bind the lighthouse to {bind!r}")
+        await server.start()
+        self._server = server
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())
+        return port
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            try:
+                self.core.tick()
+            except Exception:
+                log.exception("lighthouse tick failed")
+
+    async def _stop(self) -> None:
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        if self._server is not None:
+            await self._server.stop(grace=0.2)
+
+    def shutdown(self) -> None:
+        """Stop serving; pending calls fail with UNAVAILABLE/CANCELLED. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            run_sync(self._stop(), timeout_s=10)
+        finally:
+            if self._http is not None:
+                self._http.shutdown()
+
+    def __enter__(self) -> LighthouseServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def address(self) -> str:
+        """``host:port`` for clients (``[v6]:port`` for IPv6 literals)."""
+        return join_host_port(self._host, self._port)
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    def http_address(self) -> str | None:
+        """``http://host:port`` of the status page, or None without one."""
+        if self._http is None:
+            return None
+        return f"http://{join_host_port(self._host, self._http.port)}"
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` dict, computed on the event loop (waits at most 5 s)."""
+
+        async def snap() -> dict[str, Any]:
+            return self.core.snapshot()
+
+        return run_sync(snap(), timeout_s=5)
+
+    # -- handlers (event loop) -----------------------------------------------------------
+    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            member = validate.check_member(wire.decode_lighthouse_quorum_request(request))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
+        fut = self.core.request(member)
+        try:
+            return await fut
+        except SupersededError as exc:
+            await context.abort(grpc.StatusCode.ABORTED, f"Quorum: {exc}")
+        finally:
+            self.core.withdraw(member.replica_id, fut)
+        raise AssertionError("unreachable")
+
+    async def _heartbeat(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            rid = validate.check_replica_id(wire.decode_heartbeat_request(request))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat: {exc}")
+        self.core.heartbeat(rid)
+        return wire.encode_heartbeat_response(self.epoch)
+
+    async def _liveness(
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        try:
+            assert isinstance(first, bytes)
+            rid = validate.check_replica_id(wire.decode_liveness_ping(first))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.core.stream_opened(rid, queue)
+        reader = asyncio.get_running_loop().create_task(self._read_pings(rid, context))
+        try:
+            await context.write(wire.encode_liveness_event(self.epoch))
+            while True:
+                getter = asyncio.get_running_loop().create_task(queue.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    break
+                payload = getter.result()
+                if not payload:  # the core hung this stream up (heartbeat timeout)
+                    break
+                await context.write(payload)
+                if reader.done():
+                    break
+        finally:
+            reader.cancel()
+            self.core.stream_closed(rid, queue)
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            exc = reader.exception()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
+
+    async def _read_pings(self, rid: str, context: grpc.aio.ServicerContext) -> None:
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            assert isinstance(msg, bytes)
+            got = wire.decode_liveness_ping(msg)
+            if got and got != rid:
+                raise ValueError(f"replica_id must stay {rid!r} on one liveness stream, got {got!r}")
+            self.core.heartbeat(rid)
+
+
+def ensure_loop() -> None:
+    """Start the background loop early (optional; servers start it on demand)."""
+    background_loop()

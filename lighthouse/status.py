@@ -1,0 +1,130 @@
+"""The lighthouse's HTTP side: offline dashboard, ``/status`` JSON, ``/metrics``.
+
+Served by a small threaded HTTP server; every request asks the event loop for a
+fresh snapshot (bounded wait), so no state is shared across threads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("lighthouse.http")
+
+_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class LighthouseMetrics:
+    """Prometheus metrics of one lighthouse, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.quorums = Counter("lighthouse_quorums", "Quorums issued (every round)", registry=r)
+        self.new_ids = Counter(
+            "lighthouse_quorum_id_changes", "Quorums issued with a new quorum id", registry=r
+        )
+        self.members = Gauge("lighthouse_quorum_members", "Members of the latest quorum", registry=r)
+        self.latency = Histogram(
+            "lighthouse_quorum_latency_seconds",
+            "From the first request of a round to its quorum, in seconds",
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.deaths = Counter(
+            "lighthouse_deaths_detected", "Replicas declared dead", ["cause"], registry=r
+        )
+
+    def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None:
+        self.quorums.inc()
+        if new_id:
+            self.new_ids.inc()
+        self.members.set(size)
+        self.latency.observe(latency_s)
+
+    def death(self, cause: str, count: int) -> None:
+        label = "stream" if "stream" in cause else "heartbeat"
+        self.deaths.labels(cause=label).inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _dashboard_html() -> bytes:
+    return resources.files("lighthouse").joinpath("static/index.html").read_bytes()
+
+
+class StatusHTTPServer:
+    """Serves ``/`` (dashboard), ``/status`` (JSON) and ``/metrics`` on ``bind``."""
+
+    def __init__(
+        self,
+        bind: tuple[str, int],
+        snapshot: Callable[[], dict[str, Any]],
+        metrics: LighthouseMetrics,
+    ) -> None:
+        """``snapshot`` returns the status dict (it may block up to a few seconds)."""
+        page = _dashboard_html()
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http: " + format, *args)
+
+            def _send(self, code: int, ctype: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                try:
+                    if path in ("/", "/index.html"):
+                        self._send(200, "text/html; charset=utf-8", page)
+                    elif path == "/status":
+                        body = json.dumps(snapshot(), indent=1).encode()
+                        self._send(200, "application/json", body)
+                    elif path == "/metrics":
+                        self._send(200, CONTENT_TYPE_LATEST, metrics.render())
+                    else:
+                        self._send(404, "text/plain", f"no such page {path!r}\n".encode())
+                except Exception as exc:  # the page must not take the server down
+                    log.exception("status page failed")
+                    self._send(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
+
+        host, port = bind
+        server_cls = ThreadingHTTPServer
+        if ":" in host:
+            import socket
+
+            class V6Server(ThreadingHTTPServer):
+                address_family = socket.AF_INET6
+
+            server_cls = V6Server
+        self._httpd = server_cls((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+            name="lighthouse-http", daemon=True,
+        )
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    def shutdown(self) -> None:
+        """Stop serving (waits at most ~2 s for the serving thread)."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=2.0)

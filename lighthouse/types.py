@@ -1,0 +1,94 @@
+"""Plain, frozen value types shared by the lighthouse, the manager server and clients.
+
+These never reference protobuf; ``lighthouse.wire`` converts them to and from
+the gRPC messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class QuorumMember:
+    """One replica group's registration for a quorum.
+
+    Attributes:
+        replica_id: unique per incarnation of a replica group.
+        address: the group's manager server, ``host:port`` ("" for bare clients).
+        store_address: the group's rendezvous store, ``host:port``.
+        step: the group's committed step (>= 0).
+        world_size: ranks in the replica group (0 = unknown, bare clients only).
+        shrink_only: ask for a quorum that only removes members.
+        data: opaque user JSON text ("" = none).
+        commit_failures: consecutive failed commits; > 0 forces a new quorum id.
+        step_time_ms: telemetry, the group's last step duration in milliseconds (0 = unknown).
+    """
+
+    replica_id: str
+    address: str = ""
+    store_address: str = ""
+    step: int = 0
+    world_size: int = 0
+    shrink_only: bool = False
+    data: str = ""
+    commit_failures: int = 0
+    step_time_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A decided membership. ``participants`` are sorted by replica id.
+
+    ``(epoch, quorum_id)`` names one membership and never repeats, even across
+    lighthouse restarts (the epoch is random per lighthouse start-up).
+    ``created_unix_ms`` is the wall clock at formation in milliseconds.
+    """
+
+    quorum_id: int
+    epoch: str
+    participants: tuple[QuorumMember, ...]
+    created_unix_ms: int = 0
+
+    @property
+    def replica_ids(self) -> list[str]:
+        """Participants' replica ids in replica-rank order."""
+        return [m.replica_id for m in self.participants]
+
+
+@dataclass(frozen=True)
+class QuorumResult:
+    """What one group rank of one replica group needs from a quorum (see ``ranks.py``).
+
+    The Manager builds its process-group store prefix as
+    ``{store_address}/torchft/{epoch}/{quorum_id}/{group_rank}``.
+    """
+
+    quorum_id: int
+    epoch: str
+    replica_rank: int
+    replica_world_size: int
+    recover_src_manager_address: str
+    recover_src_replica_rank: int | None
+    recover_dst_replica_ranks: list[int] = field(default_factory=list)
+    store_address: str = ""
+    max_step: int = 0
+    max_replica_rank: int | None = None
+    max_world_size: int = 0
+    heal: bool = False
+    commit_failures: int = 0
+    replica_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FailureNotice:
+    """"These members of quorum ``(epoch, quorum_id)`` died", pushed to survivors.
+
+    ``detected_unix_ms`` is the wall clock of detection in milliseconds.
+    """
+
+    epoch: str
+    quorum_id: int
+    dead_replica_ids: tuple[str, ...]
+    reason: str = ""
+    detected_unix_ms: int = 0

@@ -1,0 +1,320 @@
+"""The only hand-written module that touches protobuf messages.
+
+Every function turns bytes into ``lighthouse.types`` values or back, so servers
+and clients register raw-bytes gRPC handlers and never see a message object.
+Parsing raises ``ValueError`` with the message name on malformed bytes.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+
+from lighthouse._gen import lighthouse_pb2 as pb
+from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
+
+LIGHTHOUSE_SERVICE = "torchft_pg.LighthouseService"
+MANAGER_SERVICE = "torchft_pg.ManagerService"
+
+
+def _parse(cls: type, data: bytes) -> object:
+    msg = cls()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise ValueError(f"malformed {cls.__name__} ({len(data)} bytes): {exc}") from exc
+    return msg
+
+
+# -- members and quorums ------------------------------------------------------------------
+def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
+    out.replica_id = m.replica_id
+    out.address = m.address
+    out.store_address = m.store_address
+    out.step = m.step
+    out.world_size = m.world_size
+    out.shrink_only = m.shrink_only
+    out.data = m.data
+    out.commit_failures = m.commit_failures
+    out.step_time_ms = m.step_time_ms
+
+
+def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
+    return QuorumMember(
+        replica_id=p.replica_id,
+        address=p.address,
+        store_address=p.store_address,
+        step=p.step,
+        world_size=p.world_size,
+        shrink_only=p.shrink_only,
+        data=p.data,
+        commit_failures=p.commit_failures,
+        step_time_ms=p.step_time_ms,
+    )
+
+
+def _quorum_from_pb(p: pb.Quorum) -> Quorum:
+    return Quorum(
+        quorum_id=p.quorum_id,
+        epoch=p.epoch,
+        participants=tuple(_member_from_pb(m) for m in p.participants),
+        created_unix_ms=p.created_unix_ms,
+    )
+
+
+def encode_lighthouse_quorum_request(m: QuorumMember) -> bytes:
+    req = pb.LighthouseQuorumRequest()
+    _member_to_pb(m, req.requester)
+    return req.SerializeToString()
+
+
+def decode_lighthouse_quorum_request(data: bytes) -> QuorumMember:
+    req = _parse(pb.LighthouseQuorumRequest, data)
+    assert isinstance(req, pb.LighthouseQuorumRequest)
+    return _member_from_pb(req.requester)
+
+
+def encode_lighthouse_quorum_response(q: Quorum) -> bytes:
+    """Serialize once; the server sends the same bytes to every member."""
+    resp = pb.LighthouseQuorumResponse()
+    resp.quorum.quorum_id = q.quorum_id
+    resp.quorum.epoch = q.epoch
+    resp.quorum.created_unix_ms = q.created_unix_ms
+    for m in q.participants:
+        _member_to_pb(m, resp.quorum.participants.add())
+    return resp.SerializeToString()
+
+
+def decode_lighthouse_quorum_response(data: bytes) -> Quorum:
+    resp = _parse(pb.LighthouseQuorumResponse, data)
+    assert isinstance(resp, pb.LighthouseQuorumResponse)
+    return _quorum_from_pb(resp.quorum)
+
+
+def peek_quorum_id(data: bytes) -> tuple[str, int, int]:
+    """(epoch, quorum_id, participant count) of a quorum response, for benchmarks."""
+    resp = _parse(pb.LighthouseQuorumResponse, data)
+    assert isinstance(resp, pb.LighthouseQuorumResponse)
+    return resp.quorum.epoch, resp.quorum.quorum_id, len(resp.quorum.participants)
+
+
+# -- heartbeat and liveness -----------------------------------------------------------------
+def encode_heartbeat_request(replica_id: str) -> bytes:
+    return pb.LighthouseHeartbeatRequest(replica_id=replica_id).SerializeToString()
+
+
+def decode_heartbeat_request(data: bytes) -> str:
+    req = _parse(pb.LighthouseHeartbeatRequest, data)
+    assert isinstance(req, pb.LighthouseHeartbeatRequest)
+    return req.replica_id
+
+
+def encode_heartbeat_response(epoch: str) -> bytes:
+    return pb.LighthouseHeartbeatResponse(epoch=epoch).SerializeToString()
+
+
+def decode_heartbeat_response(data: bytes) -> str:
+    resp = _parse(pb.LighthouseHeartbeatResponse, data)
+    assert isinstance(resp, pb.LighthouseHeartbeatResponse)
+    return resp.epoch
+
+
+def encode_liveness_ping(replica_id: str) -> bytes:
+    return pb.LivenessPing(replica_id=replica_id).SerializeToString()
+
+
+def decode_liveness_ping(data: bytes) -> str:
+    ping = _parse(pb.LivenessPing, data)
+    assert isinstance(ping, pb.LivenessPing)
+    return ping.replica_id
+
+
+def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:
+    out.epoch = n.epoch
+    out.quorum_id = n.quorum_id
+    out.dead_replica_ids.extend(n.dead_replica_ids)
+    out.reason = n.reason
+    out.detected_unix_ms = n.detected_unix_ms
+
+
+def _notice_from_pb(p: pb.FailureNotice) -> FailureNotice:
+    return FailureNotice(
+        epoch=p.epoch,
+        quorum_id=p.quorum_id,
+        dead_replica_ids=tuple(p.dead_replica_ids),
+        reason=p.reason,
+        detected_unix_ms=p.detected_unix_ms,
+    )
+
+
+def encode_liveness_event(epoch: str, notice: FailureNotice | None = None) -> bytes:
+    """An acknowledgement (``notice`` None) or a failure notice on the liveness stream."""
+    ev = pb.LivenessEvent(epoch=epoch)
+    if notice is not None:
+        _notice_to_pb(notice, ev.failure)
+    return ev.SerializeToString()
+
+
+def decode_liveness_event(data: bytes) -> tuple[str, FailureNotice | None]:
+    ev = _parse(pb.LivenessEvent, data)
+    assert isinstance(ev, pb.LivenessEvent)
+    return ev.epoch, (_notice_from_pb(ev.failure) if ev.HasField("failure") else None)
+
+
+def encode_failure_notice(n: FailureNotice) -> bytes:
+    out = pb.FailureNotice()
+    _notice_to_pb(n, out)
+    return out.SerializeToString()
+
+
+def decode_failure_notice(data: bytes) -> FailureNotice:
+    p = _parse(pb.FailureNotice, data)
+    assert isinstance(p, pb.FailureNotice)
+    return _notice_from_pb(p)
+
+
+# -- manager service --------------------------------------------------------------------
+def encode_manager_quorum_request(
+    group_rank: int,
+    step: int,
+    checkpoint_metadata: str,
+    shrink_only: bool,
+    init_sync: bool,
+    commit_failures: int,
+    step_time_ms: float = 0.0,
+) -> bytes:
+    return pb.ManagerQuorumRequest(
+        group_rank=group_rank,
+        step=step,
+        checkpoint_metadata=checkpoint_metadata,
+        shrink_only=shrink_only,
+        init_sync=init_sync,
+        commit_failures=commit_failures,
+        step_time_ms=step_time_ms,
+    ).SerializeToString()
+
+
+def decode_manager_quorum_request(data: bytes) -> dict[str, object]:
+    """Fields of a ManagerQuorumRequest as a dict keyed by proto field name."""
+    r = _parse(pb.ManagerQuorumRequest, data)
+    assert isinstance(r, pb.ManagerQuorumRequest)
+    return {
+        "group_rank": r.group_rank,
+        "step": r.step,
+        "checkpoint_metadata": r.checkpoint_metadata,
+        "shrink_only": r.shrink_only,
+        "init_sync": r.init_sync,
+        "commit_failures": r.commit_failures,
+        "step_time_ms": r.step_time_ms,
+    }
+
+
+def encode_quorum_result(r: QuorumResult) -> bytes:
+    out = pb.ManagerQuorumResponse(
+        quorum_id=r.quorum_id,
+        epoch=r.epoch,
+        recover_src_manager_address=r.recover_src_manager_address,
+        recover_dst_replica_ranks=r.recover_dst_replica_ranks,
+        store_address=r.store_address,
+        max_step=r.max_step,
+        max_world_size=r.max_world_size,
+        replica_rank=r.replica_rank,
+        replica_world_size=r.replica_world_size,
+        heal=r.heal,
+        commit_failures=r.commit_failures,
+        replica_ids=r.replica_ids,
+    )
+    if r.recover_src_replica_rank is not None:
+        out.recover_src_replica_rank = r.recover_src_replica_rank
+    if r.max_replica_rank is not None:
+        out.max_replica_rank = r.max_replica_rank
+    return out.SerializeToString()
+
+
+def decode_quorum_result(data: bytes) -> QuorumResult:
+    p = _parse(pb.ManagerQuorumResponse, data)
+    assert isinstance(p, pb.ManagerQuorumResponse)
+    return QuorumResult(
+        quorum_id=p.quorum_id,
+        epoch=p.epoch,
+        replica_rank=p.replica_rank,
+        replica_world_size=p.replica_world_size,
+        recover_src_manager_address=p.recover_src_manager_address,
+        recover_src_replica_rank=(
+            p.recover_src_replica_rank if p.HasField("recover_src_replica_rank") else None
+        ),
+        recover_dst_replica_ranks=list(p.recover_dst_replica_ranks),
+        store_address=p.store_address,
+        max_step=p.max_step,
+        max_replica_rank=p.max_replica_rank if p.HasField("max_replica_rank") else None,
+        max_world_size=p.max_world_size,
+        heal=p.heal,
+        commit_failures=p.commit_failures,
+        replica_ids=list(p.replica_ids),
+    )
+
+
+def encode_checkpoint_metadata_request(rank: int) -> bytes:
+    return pb.CheckpointMetadataRequest(rank=rank).SerializeToString()
+
+
+def decode_checkpoint_metadata_request(data: bytes) -> int:
+    r = _parse(pb.CheckpointMetadataRequest, data)
+    assert isinstance(r, pb.CheckpointMetadataRequest)
+    return r.rank
+
+
+def encode_checkpoint_metadata_response(metadata: str) -> bytes:
+    return pb.CheckpointMetadataResponse(checkpoint_metadata=metadata).SerializeToString()
+
+
+def decode_checkpoint_metadata_response(data: bytes) -> str:
+    r = _parse(pb.CheckpointMetadataResponse, data)
+    assert isinstance(r, pb.CheckpointMetadataResponse)
+    return r.checkpoint_metadata
+
+
+def encode_should_commit_request(group_rank: int, step: int, should_commit: bool) -> bytes:
+    return pb.ShouldCommitRequest(
+        group_rank=group_rank, step=step, should_commit=should_commit
+    ).SerializeToString()
+
+
+def decode_should_commit_request(data: bytes) -> tuple[int, int, bool]:
+    """(group_rank, step, should_commit)."""
+    r = _parse(pb.ShouldCommitRequest, data)
+    assert isinstance(r, pb.ShouldCommitRequest)
+    return r.group_rank, r.step, r.should_commit
+
+
+def encode_should_commit_response(decision: bool) -> bytes:
+    return pb.ShouldCommitResponse(should_commit=decision).SerializeToString()
+
+
+def decode_should_commit_response(data: bytes) -> bool:
+    r = _parse(pb.ShouldCommitResponse, data)
+    assert isinstance(r, pb.ShouldCommitResponse)
+    return r.should_commit
+
+
+def encode_kill_request(msg: str) -> bytes:
+    return pb.KillRequest(msg=msg).SerializeToString()
+
+
+def decode_kill_request(data: bytes) -> str:
+    r = _parse(pb.KillRequest, data)
+    assert isinstance(r, pb.KillRequest)
+    return r.msg
+
+
+def encode_kill_response() -> bytes:
+    return pb.KillResponse().SerializeToString()
+
+
+def encode_watch_failures_request(group_rank: int) -> bytes:
+    return pb.WatchFailuresRequest(group_rank=group_rank).SerializeToString()
+
+
+def decode_watch_failures_request(data: bytes) -> int:
+    r = _parse(pb.WatchFailuresRequest, data)
+    assert isinstance(r, pb.WatchFailuresRequest)
+    return r.group_rank
