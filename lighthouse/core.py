@@ -116,12 +116,15 @@ class LighthouseCore:
             if in_prev:
                 notice = FailureNotice(self.epoch, prev.quorum_id, in_prev, reason, now_ms)
                 payload = wire.encode_liveness_event(self.epoch, notice)
+                told = 0
                 for rid in members.difference(in_prev):
-                    for q in self.streams.get(rid, ()):
+                    queues = self.streams.get(rid, ())
+                    told += bool(queues)
+                    for q in queues:
                         q.put_nowait(payload)
                 log.warning(
                     "replica(s) %s of quorum %s/%d died (%s); told %d survivor(s)",
-                    list(in_prev), self.epoch, prev.quorum_id, reason, len(members) - len(in_prev),
+                    list(in_prev), self.epoch, prev.quorum_id, reason, told,
                 )
         self.evaluate()
 

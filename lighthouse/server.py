@@ -238,14 +238,15 @@ class LighthouseServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.core.stream_opened(rid, queue)
-        reader = asyncio.get_running_loop().create_task(self._read_pings(rid, context))
+        loop = asyncio.get_running_loop()
+        reader = loop.create_task(self._read_pings(rid, context))
+        getter: asyncio.Task[bytes] | None = None
         try:
             await context.write(wire.encode_liveness_event(self.epoch))
             while True:
-                getter = asyncio.get_running_loop().create_task(queue.get())
+                getter = loop.create_task(queue.get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter not in done:
-                    getter.cancel()
                     break
                 payload = getter.result()
                 if not payload:  # the core hung this stream up (heartbeat timeout)
@@ -255,10 +256,11 @@ class LighthouseServer:
                     break
         finally:
             reader.cancel()
+            if getter is not None:
+                getter.cancel()
             self.core.stream_closed(rid, queue)
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            exc = reader.exception()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {reader.exception()}")
 
     async def _read_pings(self, rid: str, context: grpc.aio.ServicerContext) -> None:
         while True:

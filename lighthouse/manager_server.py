@@ -1,0 +1,424 @@
+"""``ManagerServer``: one per replica group, hosted by group rank 0.
+
+- ``Quorum``: waits for all ``world_size`` local ranks, checks they report the
+  same step, makes ONE lighthouse call and answers each rank with its own
+  ``QuorumResult``; if the lighthouse call fails every waiting rank hears it at once.
+- ``ShouldCommit``: AND of the local ranks' votes for one step; stale votes are refused.
+- ``CheckpointMetadata``, ``Kill``, and ``WatchFailures`` (notices relayed from the lighthouse).
+- A liveness stream to the lighthouse, pinged every ``heartbeat_interval`` and
+  reopened (50 ms .. 1 s backoff) after a lighthouse restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from lighthouse import validate, wire
+from lighthouse._loop import run_sync
+from lighthouse.client import CHANNEL_OPTIONS, normalize_address
+from lighthouse.errors import (
+    FaultToleranceError,
+    LighthouseUnavailableError,
+    QuorumRejectedError,
+    QuorumTimeoutError,
+)
+from lighthouse.ranks import compute_quorum_result
+from lighthouse.server import advertised_host, grpc_server_options, join_host_port, split_host_port
+from lighthouse.types import FailureNotice, Quorum, QuorumMember
+
+log = logging.getLogger("lighthouse.manager")
+
+
+def _exit_process(msg: str) -> None:
+    log.error("killed: %s; exiting with status 1", msg)
+    os._exit(1)
+
+
+@dataclass
+class _Gather:
+    """One quorum round being gathered from the local ranks."""
+
+    requests: dict[int, dict[str, Any]] = field(default_factory=dict)
+    deadlines: dict[int, float] = field(default_factory=dict)  # loop time, seconds
+    future: asyncio.Future[Quorum] | None = None
+    launched: bool = False
+    task: asyncio.Task[None] | None = None  # the lighthouse call, kept referenced
+
+
+@dataclass
+class _Vote:
+    step: int
+    votes: dict[int, bool] = field(default_factory=dict)
+    future: asyncio.Future[bool] | None = None
+
+
+class ManagerServer:
+    """The per-replica-group server (see module docstring).
+
+    Args:
+        replica_id: this replica group's id (unique per incarnation).
+        lighthouse_addr: the lighthouse, ``host:port``.
+        hostname: host to advertise to peers; default: the bind host, or the
+            machine's name for a wildcard bind (pass the right NIC's address).
+        bind: listen address ``host:port`` (port 0 picks one).
+        store_addr: this group's rendezvous store ``host:port``.
+        world_size: ranks in the replica group (>= 1).
+        heartbeat_interval: period of liveness pings to the lighthouse.
+        connect_timeout: how long to wait for the lighthouse at start-up and
+            to retry it when unreachable during a quorum.
+        quorum_retries: extra attempts of a failed lighthouse quorum call
+            (other than "unreachable", which is retried for ``connect_timeout``).
+        on_kill: called with the message on ``Kill``; default exits the process.
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        lighthouse_addr: str,
+        hostname: str | None = None,
+        bind: str = "[::]:0",
+        store_addr: str = "",
+        world_size: int = 1,
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        connect_timeout: timedelta = timedelta(seconds=10),
+        quorum_retries: int = 0,
+        on_kill: Callable[[str], None] | None = None,
+    ) -> None:
+        validate.check_replica_id(replica_id)
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if quorum_retries < 0:
+            raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
+        self.replica_id = replica_id
+        self.world_size = world_size
+        self.store_addr = store_addr
+        self._lh_addr = normalize_address(lighthouse_addr)
+        self._hb_s = heartbeat_interval.total_seconds()
+        self._connect_s = connect_timeout.total_seconds()
+        if self._hb_s <= 0 or self._connect_s <= 0:
+            raise ValueError(
+                f"heartbeat_interval and connect_timeout must be positive, got "
+                f"{heartbeat_interval} and {connect_timeout}"
+            )
+        self._retries = quorum_retries
+        self._on_kill = on_kill or _exit_process
+        bind_host, _ = split_host_port(bind, "bind")
+        self._host = advertised_host(bind_host, hostname)
+        self._gather = _Gather()
+        self._vote: _Vote | None = None
+        self._last_quorum_step = -1
+        self._metadata: dict[int, str] = {}
+        self._subscribers: set[asyncio.Queue[bytes]] = set()
+        self.lighthouse_epoch = ""
+        self._stopped = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def _start(self, bind: str) -> int:
+        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=CHANNEL_OPTIONS)
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
+        except asyncio.TimeoutError:
+            await self._channel.close()
+            raise LighthouseUnavailableError(
+                f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
+                f"{self._connect_s:g} s"
+            ) from None
+        base = f"/{wire.LIGHTHOUSE_SERVICE}/"
+        self._lh_quorum = self._channel.unary_unary(base + "Quorum")
+        self._lh_liveness = self._channel.stream_stream(base + "Liveness")
+        server = grpc.aio.server(options=grpc_server_options(5000))
+        handlers = {
+            "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
+            "CheckpointMetadata": grpc.unary_unary_rpc_method_handler(self._checkpoint_metadata),
+            "ShouldCommit": grpc.unary_unary_rpc_method_handler(self._should_commit),
+            "Kill": grpc.unary_unary_rpc_method_handler(self._kill),
+            "WatchFailures": grpc.unary_stream_rpc_method_handler(self._watch_failures),
+        }
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(wire.MANAGER_SERVICE, handlers),)
+        )
+        port = server.add_insecure_port(bind)
+        if port == 0:
+            await self._channel.close()
+            raise OSError(f"could not bind the manager server to {bind!r}")
+        await server.start()
+        self._server = server
+        self._tasks.append(asyncio.get_running_loop().create_task(self._liveness_loop()))
+        return port
+
+    def address(self) -> str:
+        """``host:port`` of this manager server, as advertised to peers."""
+        return join_host_port(self._host, self._port)
+
+    async def _stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for q in self._subscribers:
+            q.put_nowait(b"")
+        await self._server.stop(grace=0.2)
+        await self._channel.close()
+
+    def shutdown(self) -> None:
+        """Stop serving and close the liveness stream (the lighthouse sees us leave). Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        run_sync(self._stop(), timeout_s=10)
+
+    def __enter__(self) -> ManagerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- liveness ------------------------------------------------------------------------
+    async def _liveness_loop(self) -> None:
+        backoff = 0.05
+        ping = wire.encode_liveness_ping(self.replica_id)
+        while True:
+            call = self._lh_liveness()
+            pinger: asyncio.Task[None] | None = None
+            try:
+                await call.write(ping)
+                ack = await call.read()
+                if ack is grpc.aio.EOF:
+                    raise ConnectionError("lighthouse closed the liveness stream")
+                assert isinstance(ack, bytes)
+                epoch, _ = wire.decode_liveness_event(ack)
+                if epoch != self.lighthouse_epoch:
+                    log.info("%s: liveness stream open to lighthouse epoch %s", self.replica_id, epoch)
+                self.lighthouse_epoch = epoch
+                backoff = 0.05
+                pinger = asyncio.get_running_loop().create_task(self._ping(call, ping))
+                while True:
+                    ev = await call.read()
+                    if ev is grpc.aio.EOF:
+                        break
+                    assert isinstance(ev, bytes)
+                    _, notice = wire.decode_liveness_event(ev)
+                    if notice is not None:
+                        self._relay(notice)
+            except (grpc.aio.AioRpcError, ConnectionError, ValueError) as exc:
+                log.debug("%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc)
+            finally:
+                if pinger is not None:
+                    pinger.cancel()
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _ping(self, call: Any, ping: bytes) -> None:
+        while True:
+            await asyncio.sleep(self._hb_s)
+            await call.write(ping)
+
+    def _relay(self, notice: FailureNotice) -> None:
+        log.warning(
+            "%s: lighthouse reports %s of quorum %s/%d dead (%s)",
+            self.replica_id, list(notice.dead_replica_ids), notice.epoch, notice.quorum_id, notice.reason,
+        )
+        payload = wire.encode_failure_notice(notice)
+        for q in self._subscribers:
+            q.put_nowait(payload)
+
+    async def _watch_failures(self, request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            validate.check_group_rank(wire.decode_watch_failures_request(request), self.world_size)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"WatchFailures: {exc}")
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            await context.write(wire.encode_failure_notice(FailureNotice(self.lighthouse_epoch, 0, ())))
+            while True:
+                payload = await queue.get()
+                if not payload:
+                    return
+                await context.write(payload)
+        finally:
+            self._subscribers.discard(queue)
+
+    # -- quorum --------------------------------------------------------------------------
+    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        loop = asyncio.get_running_loop()
+        try:
+            req = wire.decode_manager_quorum_request(request)
+            rank = validate.check_group_rank(int(req["group_rank"]), self.world_size)  # type: ignore[call-overload]
+            validate.check_step("step", int(req["step"]))  # type: ignore[call-overload]
+            validate.check_step("commit_failures", int(req["commit_failures"]))  # type: ignore[call-overload]
+            if len(str(req["checkpoint_metadata"])) > validate.MAX_METADATA_BYTES:
+                raise ValueError(
+                    f"checkpoint_metadata must be at most {validate.MAX_METADATA_BYTES} bytes"
+                )
+            remaining = context.time_remaining()
+            if remaining is None:
+                raise ValueError("ManagerService.Quorum needs a deadline (grpc timeout), got none")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
+        self._metadata[rank] = str(req["checkpoint_metadata"])
+        g = self._gather
+        if g.future is None:
+            g.future = loop.create_future()
+        g.requests[rank] = req
+        g.deadlines[rank] = loop.time() + remaining
+        fut = g.future
+        if len(g.requests) == self.world_size:
+            self._gather = _Gather()
+            g.launched = True
+            steps = {r: q["step"] for r, q in sorted(g.requests.items())}
+            if len(set(steps.values())) > 1:
+                fut.set_exception(
+                    QuorumRejectedError(
+                        f"local ranks of replica {self.replica_id!r} reported different steps "
+                        f"(group rank: step) {steps}; all ranks of a replica group must agree"
+                    )
+                )
+            else:
+                g.task = loop.create_task(self._lighthouse_quorum(g, fut))
+        try:
+            quorum = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if not g.launched and g.requests.get(rank) is req:
+                del g.requests[rank]
+                g.deadlines.pop(rank, None)
+            raise
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Quorum: {exc}")
+        except FaultToleranceError as exc:
+            await context.abort(grpc.StatusCode.ABORTED, f"{type(exc).__name__}: {exc}")
+        result = compute_quorum_result(quorum, self.replica_id, rank, bool(req["init_sync"]))
+        return wire.encode_quorum_result(result)
+
+    async def _lighthouse_quorum(self, g: _Gather, fut: asyncio.Future[Quorum]) -> None:
+        loop = asyncio.get_running_loop()
+        reqs = list(g.requests.values())
+        step = int(reqs[0]["step"])  # type: ignore[call-overload]
+        self._last_quorum_step = step
+        member = QuorumMember(
+            replica_id=self.replica_id,
+            address=self.address(),
+            store_address=self.store_addr,
+            step=step,
+            world_size=self.world_size,
+            shrink_only=any(bool(r["shrink_only"]) for r in reqs),
+            commit_failures=max(int(r["commit_failures"]) for r in reqs),  # type: ignore[call-overload]
+            step_time_ms=max(float(r["step_time_ms"]) for r in reqs),  # type: ignore[arg-type]
+        )
+        payload = wire.encode_lighthouse_quorum_request(member)
+        deadline = min(g.deadlines.values())
+        first_unavailable: float | None = None
+        retries = 0
+        delay = 0.05
+        while not fut.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                fut.set_exception(QuorumTimeoutError(
+                    f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
+                return
+            try:
+                reply = await self._lh_quorum(payload, timeout=remaining)
+                fut.set_result(wire.decode_lighthouse_quorum_response(reply))
+                return
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                fut.set_exception(QuorumTimeoutError(
+                    f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
+                return
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                now = loop.time()
+                first_unavailable = now if first_unavailable is None else first_unavailable
+                if now - first_unavailable >= self._connect_s:
+                    fut.set_exception(LighthouseUnavailableError(
+                        f"lighthouse at {self._lh_addr} unreachable for {now - first_unavailable:.2f} s "
+                        f"(connect_timeout {self._connect_s:g} s): {code.name}: {details}"))
+                    return
+            elif retries < self._retries:
+                retries += 1
+            elif code == grpc.StatusCode.INVALID_ARGUMENT:
+                fut.set_exception(QuorumRejectedError(f"lighthouse at {self._lh_addr} refused: {details}"))
+                return
+            else:
+                fut.set_exception(FaultToleranceError(
+                    f"lighthouse quorum call to {self._lh_addr} failed: {code.name}: {details}"))
+                return
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 1.5, 1.0)
+
+    # -- commit vote, metadata, kill -------------------------------------------------------
+    async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            rank, step, vote = wire.decode_should_commit_request(request)
+            validate.check_group_rank(rank, self.world_size)
+            validate.check_step("step", step)
+            if step < self._last_quorum_step:
+                raise ValueError(
+                    f"stale vote: group rank {rank} voted for step {step} but replica "
+                    f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
+                )
+            v = self._vote
+            if v is not None and step < v.step:
+                raise ValueError(
+                    f"stale vote: group rank {rank} voted for step {step} while the open vote is "
+                    f"for step {v.step}"
+                )
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+        if v is not None and step > v.step:
+            assert v.future is not None
+            v.future.set_exception(QuorumRejectedError(
+                f"the vote for step {v.step} was abandoned: group rank {rank} moved on to step "
+                f"{step} before ranks {sorted(set(range(self.world_size)) - set(v.votes))} voted"))
+            v = None
+        if v is None:
+            v = self._vote = _Vote(step, future=asyncio.get_running_loop().create_future())
+        assert v.future is not None
+        v.votes[rank] = vote
+        fut = v.future
+        if len(v.votes) == self.world_size:
+            self._vote = None
+            no = sorted(r for r, ok in v.votes.items() if not ok)
+            if no:
+                log.info("%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no)
+            fut.set_result(not no)
+        try:
+            decision = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if self._vote is v:
+                v.votes.pop(rank, None)
+            raise
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+        return wire.encode_should_commit_response(decision)
+
+    async def _checkpoint_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            rank = wire.decode_checkpoint_metadata_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"CheckpointMetadata: {exc}")
+        if rank not in self._metadata:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"CheckpointMetadata: no metadata for group rank {rank} on replica "
+                f"{self.replica_id!r} (ranks with metadata: {sorted(self._metadata)})",
+            )
+        return wire.encode_checkpoint_metadata_response(self._metadata[rank])
+
+    async def _kill(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            msg = wire.decode_kill_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Kill: {exc}")
+        log.warning("%s: Kill received: %s", self.replica_id, msg)
+        asyncio.get_running_loop().call_later(0.05, self._on_kill, msg)
+        return wire.encode_kill_response()
