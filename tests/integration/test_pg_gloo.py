@@ -1,0 +1,230 @@
+"""ProcessGroupGloo across real processes on 127.0.0.1 (real TCPStore, real Gloo)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from tests.multiproc import RankContext, run_ranks
+from tests.pg_checks import check_collectives
+from torchft_pg import ProcessGroupGloo
+from torchft_pg.errors import ProcessGroupAbortedError
+
+CPU = torch.device("cpu")
+
+
+def _collectives(ctx: RankContext) -> list[str]:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    pg.configure(ctx.addr("c/0"), ctx.rank, ctx.world_size)
+    assert (pg.rank(), pg.size()) == (ctx.rank, ctx.world_size)
+    names = check_collectives(pg, CPU)
+    pg.shutdown()
+    return names
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_collective_gives_exact_results(world_size: int) -> None:
+    results = run_ranks(_collectives, world_size)
+    assert all(r == results[0] for r in results)
+    assert "reduce_scatter" in results[0] and "send_recv" in results[0]
+
+
+def _torch_distributed_functions(ctx: RankContext) -> dict[str, object]:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    pg.configure(ctx.addr("tdf/0"), ctx.rank, ctx.world_size)
+    out: dict[str, object] = {}
+    t = torch.full((2,), float(ctx.rank + 1))
+    dist.all_reduce(t, group=pg)
+    out["all_reduce"] = t.tolist()
+    b = torch.full((2,), float(ctx.rank))
+    dist.broadcast(b, group_src=1, group=pg)
+    out["broadcast"] = b.tolist()
+    objs: list[object] = [{"from": ctx.rank}]
+    dist.broadcast_object_list(objs, group_src=0, group=pg)
+    out["broadcast_object_list"] = objs
+    gathered: list[object] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, ("rank", ctx.rank), group=pg)
+    out["all_gather_object"] = gathered
+    data = bytes(range(5)) * 3
+    if ctx.rank == 0:
+        dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), group_dst=1, group=pg)
+        handle = dist.isend(torch.frombuffer(bytearray(data[::-1]), dtype=torch.uint8), group_dst=1, group=pg)
+        assert handle is not None
+        handle.wait()
+    else:
+        buf = torch.zeros(len(data), dtype=torch.uint8)
+        dist.recv(buf, group_src=0, group=pg)
+        out["recv"] = bytes(buf.tolist())
+        req = dist.irecv(buf, group_src=0, group=pg)
+        req.wait()
+        out["irecv"] = bytes(buf.tolist())
+    out["world"] = dist.get_world_size(pg)
+    pg.shutdown()
+    return out
+
+
+def test_torch_distributed_functions_accept_our_group() -> None:
+    r0, r1 = run_ranks(_torch_distributed_functions, 2)
+    for r in (r0, r1):
+        assert r["all_reduce"] == [3.0, 3.0]
+        assert r["broadcast"] == [1.0, 1.0]
+        assert r["broadcast_object_list"] == [{"from": 0}]
+        assert r["all_gather_object"] == [("rank", 0), ("rank", 1)]
+        assert r["world"] == 2
+    data = bytes(range(5)) * 3
+    assert r1["recv"] == data and r1["irecv"] == data[::-1]
+
+
+def _ddp(ctx: RankContext) -> list[float]:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    pg.configure(ctx.addr("ddp/0"), ctx.rank, ctx.world_size)
+    torch.manual_seed(ctx.rank)  # different init: DDP must broadcast rank 0's weights
+    model = torch.nn.Linear(3, 1, bias=False)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg)
+    # c10d fixes a group's C++ size at construction; the stock hook divides by the
+    # live pg.size(), so gradients are averaged over the real world size.
+    ddp.register_comm_hook(pg, allreduce_hook)
+    x = torch.full((1, 3), float(ctx.rank + 1))
+    ddp(x).sum().backward()
+    assert model.weight.grad is not None
+    grad = model.weight.grad.flatten().tolist()
+    pg.shutdown()
+    return grad + model.weight.detach().flatten().tolist()
+
+
+def test_ddp_across_two_processes_averages_gradients() -> None:
+    r0, r1 = run_ranks(_ddp, 2)
+    assert r0 == r1  # same broadcast weights, same averaged gradients
+    assert r0[:3] == [1.5, 1.5, 1.5]  # mean of inputs 1 and 2
+
+
+def _ddp_dummy(ctx: RankContext) -> bool:
+    from torchft_pg import ProcessGroupDummy
+
+    model = torch.nn.Linear(3, 4)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=ProcessGroupDummy(0, 1))
+    ddp(torch.rand(2, 3)).sum().backward()
+    return model.weight.grad is not None
+
+
+def test_ddp_runs_with_dummy_group() -> None:
+    assert run_ranks(_ddp_dummy, 1) == [True]
+
+
+def _membership_changes(ctx: RankContext) -> list[float]:
+    """3 members, then 2 (rank 2 gone), then 3 again; sums checked each time."""
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    sums = []
+    plan = [(0, [0, 1, 2]), (1, [0, 1]), (2, [0, 1, 2]), (3, [0, 1, 2])]
+    for gen, members in plan:
+        if ctx.rank in members:
+            pg.configure(ctx.addr(f"mc/{gen}"), members.index(ctx.rank), len(members))
+            t = torch.tensor([float(ctx.rank + 1)])
+            pg.allreduce([t]).wait()
+            sums.append(t.item())
+        ctx.barrier(f"gen{gen}")
+    pg.shutdown()
+    return sums
+
+
+def test_reconfigure_membership_three_two_three() -> None:
+    r0, r1, r2 = run_ranks(_membership_changes, 3)
+    assert r0 == r1 == [6.0, 3.0, 6.0, 6.0]
+    assert r2 == [6.0, 6.0, 6.0]
+
+
+def _peer_dies(ctx: RankContext) -> dict[str, object]:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=5))
+    pg.configure(ctx.addr("pd/0"), ctx.rank, 3)
+    pg.allreduce([torch.ones(1)]).wait()
+    if ctx.rank == 2:
+        os._exit(0)  # dies without shutting anything down
+    ctx.barrier("survivors", [0, 1])
+    start = time.monotonic()
+    error = ""
+    try:
+        for _ in range(3):  # the first op after the death may still be in flight
+            pg.allreduce([torch.ones(1)]).wait()
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+    failed_after = time.monotonic() - start
+    ctx.barrier("reconfigure", [0, 1])  # what the next quorum does in real use
+    pg.configure(ctx.addr("pd/1"), ctx.rank, 2)
+    t = torch.tensor([float(ctx.rank + 1)])
+    pg.allreduce([t]).wait()
+    pg.shutdown()
+    return {"error": error, "failed_after": failed_after, "sum_after": t.item()}
+
+
+def test_survivor_fails_within_timeout_then_reconfigures() -> None:
+    results = run_ranks(_peer_dies, 3, allow_exit={2}, timeout=60)
+    for r in results[:2]:
+        assert r["error"], "a collective with a dead peer must fail, not succeed"
+        assert r["failed_after"] < 5.0 + 2.0  # within the 5 s PG timeout (+ slack)
+        assert r["sum_after"] == 3.0
+
+
+def _shutdown_and_abort(ctx: RankContext) -> list[str]:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=10))
+    seen = []
+    pg.configure(ctx.addr("sd/0"), ctx.rank, ctx.world_size)
+    pg.allreduce([torch.ones(1)]).wait()
+    pg.shutdown()
+    pg.shutdown()  # idempotent
+    try:
+        pg.allreduce([torch.ones(1)])
+    except ProcessGroupAbortedError as e:
+        seen.append(str(e))
+    pg.configure(ctx.addr("sd/1"), ctx.rank, ctx.world_size)
+    pg.allreduce([torch.ones(1)]).wait()
+    pg.abort()
+    pg.abort()
+    assert isinstance(pg.errored(), ProcessGroupAbortedError)
+    pg.configure(ctx.addr("sd/2"), ctx.rank, ctx.world_size)
+    assert pg.errored() is None
+    t = torch.ones(1)
+    pg.allreduce([t]).wait()
+    seen.append(str(t.item()))
+    pg.shutdown()
+    return seen
+
+
+def test_shutdown_and_abort_are_idempotent_and_configure_recovers() -> None:
+    for r in run_ranks(_shutdown_and_abort, 2):
+        assert "shut down" in r[0] and "configure()" in r[0]
+        assert r[1] == "2.0"
+
+
+def _register(ctx: RankContext) -> list[float]:
+    import torch.distributed._functional_collectives as funcol
+
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("default", ctx.store), rank=ctx.rank, world_size=ctx.world_size
+    )
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=10))
+    pg.configure(ctx.addr("reg/0"), ctx.rank, ctx.world_size)
+    group = pg.register("ft_dp")
+    assert pg.group_name == group.group_name
+    t = funcol.all_reduce(torch.full((2,), float(ctx.rank + 1)), "sum", pg.group_name)
+    out = funcol.wait_tensor(t).tolist()
+    pg.unregister()
+    pg.unregister()  # idempotent
+    still = torch.ones(1)
+    pg.allreduce([still]).wait()  # unregistering leaves the group usable
+    out.append(still.item())
+    group = pg.register("ft_dp_again")
+    dist.destroy_process_group(group)  # c10d's own teardown works too
+    pg.unregister()
+    dist.destroy_process_group()
+    return out
+
+
+def test_register_resolves_for_functional_collectives_and_unregisters() -> None:
+    for r in run_ranks(_register, 2):
+        assert r == [3.0, 3.0, 2.0]

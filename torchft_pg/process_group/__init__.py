@@ -1,0 +1,28 @@
+"""Reconfigurable c10d process groups (torchft's process-group API).
+
+Every class is a `torch.distributed.ProcessGroup` you can hand to DDP/FSDP or
+to `torch.distributed` calls, and re-form at run time with
+``configure(store_addr, rank, world_size)``.
+"""
+
+from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.process_group.dummy import ProcessGroupDummy
+from torchft_pg.process_group.gloo import ProcessGroupGloo
+from torchft_pg.process_group.nccl import ProcessGroupNCCL
+from torchft_pg.process_group.wrapper import ProcessGroupWrapper
+from torchft_pg.process_group.wrappers import (
+    ErrorSwallowingProcessGroupWrapper,
+    ManagedProcessGroup,
+)
+from torchft_pg.store import create_store_client
+
+__all__ = [
+    "ErrorSwallowingProcessGroupWrapper",
+    "ManagedProcessGroup",
+    "ProcessGroup",
+    "ProcessGroupDummy",
+    "ProcessGroupGloo",
+    "ProcessGroupNCCL",
+    "ProcessGroupWrapper",
+    "create_store_client",
+]

@@ -1,0 +1,42 @@
+"""`ProcessGroupGloo`: a reconfigurable Gloo group (CPU tensors; CUDA tensors too)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
+from torch.distributed import Store
+
+from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+
+__all__ = ["ProcessGroupGloo"]
+
+
+def create_gloo_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> BaseProcessGroup:
+    """A c10d group whose CPU (and CUDA) ops run on one Gloo backend.
+
+    Blocks until every member has connected, or raises after `timeout`.
+    """
+    pg = BaseProcessGroup(store, rank, world_size)
+    backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    backend._set_sequence_number_for_group()
+    pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.GLOO, backend)
+    if torch.cuda.is_available():
+        pg._register_backend(torch.device("cuda"), BaseProcessGroup.BackendType.GLOO, backend)
+    pg._set_default_backend(BaseProcessGroup.BackendType.GLOO)
+    return pg
+
+
+class ProcessGroupGloo(ProcessGroupWrapper):
+    """Gloo, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s)."""
+
+    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        super().__init__(timeout=timeout)
+
+    def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
+        return create_gloo_group(store, rank, world_size, self._timeout)
+
+    def getBackendName(self) -> str:  # noqa: N802
+        return "torchft-gloo"

@@ -1,0 +1,60 @@
+"""`ProcessGroupNCCL`: a reconfigurable NCCL group (CUDA tensors, one GPU per rank).
+
+NCCL communicators are created non-blocking so a missing peer cannot wedge
+`configure`, and `abort()` records the error *before* aborting so a thread
+waiting on the group sees why it failed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
+from torch.distributed import Store
+
+from torchft_pg.errors import ProcessGroupAbortedError
+from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+
+__all__ = ["ProcessGroupNCCL", "create_nccl_group"]
+
+
+def create_nccl_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> BaseProcessGroup:
+    """A c10d group backed by a non-blocking NCCL communicator on the current device."""
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        raise RuntimeError("ProcessGroupNCCL needs a CUDA device and a torch build with NCCL")
+    opts = dist.ProcessGroupNCCL.Options()
+    opts.config.blocking = False
+    opts._timeout = timeout
+    pg = BaseProcessGroup(store, rank, world_size)
+    backend = dist.ProcessGroupNCCL(store, rank, world_size, opts)
+    backend._set_sequence_number_for_group()
+    backend.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+    pg._register_backend(torch.device("cuda"), BaseProcessGroup.BackendType.NCCL, backend)
+    pg._set_default_backend(BaseProcessGroup.BackendType.NCCL)
+    return pg
+
+
+class ProcessGroupNCCL(ProcessGroupWrapper):
+    """NCCL, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s)."""
+
+    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        super().__init__(timeout=timeout)
+
+    def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
+        return create_nccl_group(store, rank, world_size, self._timeout)
+
+    def _abort_backend(self, pg: Any) -> None:
+        self._error = self._error or ProcessGroupAbortedError("NCCL process group aborted")
+        super()._abort_backend(pg)
+
+    def errored(self) -> Exception | None:
+        # A queued NCCL failure only surfaces once the stream has run up to it.
+        if torch.cuda.is_available() and self._pg is not None:
+            torch.cuda.current_stream().synchronize()
+        return super().errored()
+
+    def getBackendName(self) -> str:  # noqa: N802
+        return "torchft-nccl"
