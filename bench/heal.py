@@ -1,0 +1,184 @@
+"""Heal transfer benchmark: HTTPTransport and PGTransport vs plain torch.save/torch.load.
+
+A child process holds a ~400 MB fp32 state dict and serves it (HTTP server,
+plain socket for the baseline, Gloo process group); this process receives it
+and times each heal. Every row is the median of `--repeats` receives; the ratio
+is baseline seconds / row seconds (> 1 means faster than plain torch).
+
+    .venv/bin/python bench/heal.py [--mb 400] [--repeats 3]
+
+Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout
+and the child is stopped by pid at the end, even on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+import torch.distributed as dist
+
+from torchft_pg.checkpointing import HTTPTransport, PGTransport
+
+TIMEOUT = timedelta(seconds=30)
+STEP = 7
+
+
+def make_state_dict(mb: int) -> dict[str, Any]:
+    """~`mb` MB of fp32: 16 large tensors plus small ones and optimizer-like leaves."""
+    big = mb * 1024 * 1024 // 4 // 16
+    g = torch.Generator().manual_seed(0)
+    model = {f"layer{i}.weight": torch.randn(big, generator=g) for i in range(16)}
+    model.update({f"layer{i}.bias": torch.randn(256, generator=g) for i in range(16)})
+    optim = {
+        "state": {0: {"step": torch.tensor(10.0)}},
+        "param_groups": [{"lr": 0.01, "betas": (0.9, 0.99)}],
+    }
+    return {"model": model, "optim": optim, "step": STEP}
+
+
+def _serve_baseline(sd: dict[str, Any], srv: socket.socket) -> None:
+    while True:
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn, conn.makefile("wb") as f:
+            torch.save(sd, f)
+
+
+def child(mb: int, conn: Connection, store_port: int) -> None:
+    """The up-to-date replica: serves over HTTP, a plain socket, and Gloo rank 0."""
+    torch.set_num_threads(1)
+    sd = make_state_dict(mb)
+    http = HTTPTransport[dict[str, Any]](TIMEOUT, bind_host="127.0.0.1")
+    http.send_checkpoint([1], STEP, sd, TIMEOUT)
+    srv = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_serve_baseline, args=(sd, srv), daemon=True).start()
+    store = dist.TCPStore("127.0.0.1", store_port, 2, False, timeout=TIMEOUT)
+    pg = dist.ProcessGroupGloo(store, 0, 2, TIMEOUT)
+    pgt = PGTransport[dict[str, Any]](pg, TIMEOUT, torch.device("cpu"))
+    conn.send((http.metadata(), srv.getsockname()[1]))
+    while True:
+        cmd = conn.recv()
+        if cmd == "pg":
+            pgt.send_checkpoint([1], STEP, sd, TIMEOUT)
+            conn.send("ok")
+        else:
+            break
+    srv.close()
+    http.shutdown()
+
+
+def _time(fn: Any, repeats: int) -> tuple[float, Any]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=TIMEOUT, wait_for_workers=False)
+    ctx = mp.get_context("spawn")
+    parent, child_conn = ctx.Pipe()
+    proc = ctx.Process(target=child, args=(args.mb, child_conn, store.port), daemon=True)
+    proc.start()
+    rows: list[tuple[str, float, int]] = []
+    try:
+        pg = dist.ProcessGroupGloo(store, 1, 2, TIMEOUT)
+        if not parent.poll(60):
+            raise RuntimeError("bench child did not start within 60 s")
+        url, base_port = parent.recv()
+        nbytes = sum(t.numel() * 4 for t in make_state_dict(args.mb)["model"].values())
+
+        def baseline() -> Any:
+            with socket.create_connection(("127.0.0.1", base_port)) as s, s.makefile("rb") as f:
+                data = f.read()
+            return torch.load(io.BytesIO(data), weights_only=True)
+
+        rows.append(
+            ("torch.save/load via socket (baseline)", *_time(baseline, args.repeats)[:1], 0)
+        )
+        for chunks in (0, 4):
+            t = HTTPTransport[dict[str, Any]](TIMEOUT, num_chunks=chunks, bind_host="127.0.0.1")
+            sec, _ = _time(lambda t=t: t.recv_checkpoint(0, url, STEP, TIMEOUT), args.repeats)
+            rows.append((f"HTTPTransport num_chunks={chunks}", sec, chunks))
+            t.shutdown()
+        holder: dict[str, Any] = {}
+        t = HTTPTransport[dict[str, Any]](
+            TIMEOUT, num_chunks=4, bind_host="127.0.0.1", state_dict=lambda: holder.get("sd")
+        )
+        holder["sd"] = t.recv_checkpoint(0, url, STEP, TIMEOUT)
+        sec, _ = _time(lambda: t.recv_checkpoint(0, url, STEP, TIMEOUT), args.repeats)
+        rows.append(("HTTPTransport num_chunks=4 in place", sec, 4))
+        t.shutdown()
+        for in_place in (False, True):
+            dst: dict[str, Any] = {}
+            pgt = PGTransport[dict[str, Any]](
+                pg,
+                TIMEOUT,
+                torch.device("cpu"),
+                state_dict=(lambda d=dst: d.get("sd")) if in_place else None,
+            )
+
+            def pg_recv(pgt: PGTransport[dict[str, Any]] = pgt) -> Any:
+                parent.send("pg")
+                out = pgt.recv_checkpoint(0, "<n/a>", STEP, TIMEOUT)
+                parent.recv()
+                return out
+
+            if in_place:
+                dst["sd"] = pg_recv()
+            sec, _ = _time(pg_recv, args.repeats)
+            rows.append((f"PGTransport gloo{' in place' if in_place else ''}", sec, 0))
+        parent.send("stop")
+        proc.join(10)
+    finally:
+        if proc.is_alive() and proc.pid is not None:
+            os.kill(proc.pid, 9)
+            proc.join(5)
+    base = rows[0][1]
+    print(
+        f"\nheal of {nbytes / 1e6:.0f} MB fp32 state dict over loopback, median of {args.repeats}"
+    )
+    print(f"{'transport':<42}{'seconds':>9}{'GB/s':>8}{'vs torch':>10}")
+    for name, sec, _ in rows:
+        print(f"{name:<42}{sec:>9.3f}{nbytes / sec / 1e9:>8.2f}{base / sec:>9.2f}x")
+    result = {
+        "bench": "heal",
+        "bytes": nbytes,
+        "rows": {
+            name: {
+                "s": round(sec, 4),
+                "GBps": round(nbytes / sec / 1e9, 3),
+                "ratio_vs_torch": round(base / sec, 2),
+            }
+            for name, sec, _ in rows
+        },
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+"""Checkpoint transports for live healing: move a state dict between replicas.
+
+`HTTPTransport` (pull over HTTP, chunked and parallel) and `PGTransport` (push
+over an already configured process group) share one wire format
+(`serialization`): a weights-only metadata skeleton plus raw tensor bytes with
+checksums (`layout`).
+"""
+
+from torchft_pg.checkpointing.http_transport import HTTPTransport
+from torchft_pg.checkpointing.pg_transport import PGTransport
+from torchft_pg.checkpointing.transport import CheckpointTransport
+
+__all__ = ["CheckpointTransport", "HTTPTransport", "PGTransport"]

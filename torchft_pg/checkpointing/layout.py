@@ -1,0 +1,167 @@
+"""Byte layout of a checkpoint on the wire: segments, pieces and the checksum.
+
+A packed checkpoint is a list of *blobs* (1-D uint8 tensors, see
+`serialization.pack`). Both transports move blob bytes in *pieces* of at most
+`PIECE_BYTES`, and both ends cut the same pieces with the same pure functions
+here, so each end can checksum what it sent or received piece by piece, while
+the data streams, without a second pass over the state dict.
+
+The checksum (`piece_digest`) is a position-weighted 64-bit sum, Fletcher-like:
+``s1 = Σ w_i`` and ``s2 = Σ_b (b + 1) · Σ_{i in block b} w_i`` over the piece's
+little-endian int64 words (blocks of 4 KiB), folded with the length. It is
+computed with two torch int64 reductions, which run at memory bandwidth
+(~20-30 GB/s measured on the 2-core dev VM) and release the GIL. We measured
+`zlib.crc32` at ~3.7 GB/s there: on a 400 MB heal it would cost ~0.11 s on each
+side, more than half of the 0.2 s budget for the 2 GB/s target. The weighted
+sum detects truncation, any single corrupted word, and swapped or misplaced
+blocks/pieces/chunks (the failure modes of a chunked transfer); it is not a
+cryptographic hash and does not defend against a malicious peer (the metadata
+is validated separately for that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+__all__ = [
+    "ALIGN_BYTES",
+    "PIECE_BYTES",
+    "Digest",
+    "Segment",
+    "byte_view",
+    "iter_pieces",
+    "piece_digest",
+    "plan_chunks",
+    "storage_bytes",
+]
+
+#: Largest piece sent or received in one call, in bytes (a multiple of 4 KiB).
+PIECE_BYTES = 4 << 20
+#: Chunk cut points inside a blob fall on multiples of this many bytes.
+ALIGN_BYTES = 4096
+_BLOCK_WORDS = 512  # 4 KiB blocks for the position weights
+_MASK = (1 << 64) - 1
+_K1 = 0x9E3779B97F4A7C15
+_K2 = 0xC2B2AE3D27D4EB4F
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Bytes ``[offset, offset + length)`` of blob number `blob`."""
+
+    blob: int
+    offset: int
+    length: int
+
+
+def plan_chunks(blob_sizes: Sequence[int], num_chunks: int) -> list[list[Segment]]:
+    """Split the blobs into `num_chunks` runs of segments of about equal bytes.
+
+    A large blob is cut at `ALIGN_BYTES` boundaries, so one big tensor is still
+    fetched in parallel. Pure and deterministic: sender and receiver call it with
+    the same arguments and get the same plan. Some chunks may be empty.
+    """
+    if num_chunks < 1:
+        raise ValueError(f"num_chunks must be >= 1, got {num_chunks}")
+    if any(s < 0 for s in blob_sizes):
+        raise ValueError(f"blob sizes must be >= 0, got {list(blob_sizes)}")
+    total = sum(blob_sizes)
+    target = -(-total // num_chunks)
+    target = max(ALIGN_BYTES, -(-target // ALIGN_BYTES) * ALIGN_BYTES)
+    chunks: list[list[Segment]] = [[] for _ in range(num_chunks)]
+    ci, room = 0, target
+    for b, size in enumerate(blob_sizes):
+        off = 0
+        while off < size:
+            last = ci == num_chunks - 1
+            take = size - off if last else min(size - off, room)
+            if take < size - off:
+                take = take // ALIGN_BYTES * ALIGN_BYTES
+            if take > 0:
+                chunks[ci].append(Segment(b, off, take))
+                off += take
+                room -= take
+            if not last and (room < ALIGN_BYTES or take == 0):
+                ci, room = ci + 1, target
+    return chunks
+
+
+def iter_pieces(segment: Segment) -> Iterator[Segment]:
+    """The pieces of a segment: consecutive runs of at most `PIECE_BYTES`."""
+    end = segment.offset + segment.length
+    for off in range(segment.offset, end, PIECE_BYTES):
+        yield Segment(segment.blob, off, min(PIECE_BYTES, end - off))
+
+
+@lru_cache(maxsize=8)
+def _weights(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(1, n + 1, dtype=torch.int64, device=device)
+
+
+def piece_digest(piece: torch.Tensor) -> int:
+    """The 64-bit checksum of a 1-D uint8 tensor (CPU or accelerator).
+
+    Unsigned, in ``[0, 2**64)``. See the module docstring for the definition.
+    """
+    if piece.dtype != torch.uint8 or piece.dim() != 1:
+        raise ValueError(
+            f"piece must be a 1-D uint8 tensor, got {piece.dtype} {tuple(piece.shape)}"
+        )
+    n = piece.numel()
+    nw = n // 8
+    if nw and piece.storage_offset() % 8:
+        piece = piece.clone()  # int64 view needs an 8-byte aligned offset
+    s1 = s2 = 0
+    nb = nw // _BLOCK_WORDS
+    if nw:
+        words = piece[: nw * 8].view(torch.int64)
+        s1 = int(words.sum())
+        if nb:
+            blocks = words[: nb * _BLOCK_WORDS].view(nb, _BLOCK_WORDS).sum(1)
+            s2 = int((blocks * _weights(nb, piece.device)).sum())
+        if nw > nb * _BLOCK_WORDS:
+            s2 += (nb + 1) * int(words[nb * _BLOCK_WORDS :].sum())
+    if n > nw * 8:
+        tail = int.from_bytes(bytes(piece[nw * 8 :].tolist()), "little")
+        s1 += tail
+        s2 += (nb + 2) * tail
+    return ((s1 & _MASK) * _K1 + (s2 & _MASK) * _K2 + n) & _MASK
+
+
+class Digest:
+    """Order-sensitive fold of piece digests into one 64-bit value."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, piece_value: int) -> None:
+        self.value = ((self.value ^ piece_value) * 0x100000001B3 + 1) & _MASK
+
+
+def storage_bytes(t: torch.Tensor, offset: int, length: int) -> torch.Tensor:
+    """A 1-D uint8 view of bytes ``[offset, offset + length)`` of `t`'s storage.
+
+    Shares memory with `t` (no copy); works on any device.
+    """
+    out = torch.empty(0, dtype=torch.uint8, device=t.device)
+    return out.set_(t.untyped_storage(), offset, (length,), (1,))
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable memoryview over a contiguous CPU tensor's bytes, without numpy.
+
+    The caller keeps `t` alive while the view is used.
+    """
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError(
+            f"byte_view needs a contiguous CPU tensor, got {t.device} stride {t.stride()}"
+        )
+    nbytes = t.numel() * t.element_size()
+    if nbytes == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_char * nbytes).from_address(t.data_ptr())).cast("B")

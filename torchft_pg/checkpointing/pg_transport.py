@@ -1,0 +1,213 @@
+"""PGTransport: push a state dict over an already configured process group.
+
+Uses only ``pg.send([tensor], dst, tag).wait(timeout)`` and
+``pg.recv([tensor], src, tag).wait(timeout)`` (torch c10d signatures), so a raw
+`ProcessGroupGloo`, NCCL, or our reconfigurable wrappers all work. Messages to
+one destination, in order:
+
+1. header, int64[5]: magic, format version, step, skeleton bytes, blob count;
+2. the skeleton (`serialization`), uint8;
+3. each non-empty blob, raw bytes, tag ``_TAG_BLOB + i``;
+4. the blob checksums, int64[blob count] (`layout.piece_digest` per piece,
+   folded per blob; computed while the sends are in flight).
+
+The receiver checks the magic and step before allocating anything, posts the
+next blob's receive before checksumming the current one, and receives straight
+into its own tensors when `state_dict` is given and path, dtype, shape and
+contiguity match (the in-place path; otherwise it copies into them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, Protocol, TypeVar
+
+import torch
+
+from torchft_pg.checkpointing.layout import Digest, Segment, byte_view, iter_pieces, piece_digest
+from torchft_pg.checkpointing.serialization import (
+    MAX_SKELETON_BYTES,
+    decode_skeleton,
+    pack,
+    prepare_receive,
+    unpack,
+)
+from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer
+from torchft_pg.errors import RecoveryError
+
+__all__ = ["PGTransport", "SendRecvGroup"]
+
+T = TypeVar("T")
+_MAGIC = 0x74667067636B7074  # "tfpgckpt"
+_VERSION = 1
+_TAG_HEADER, _TAG_SKELETON, _TAG_DIGESTS, _TAG_BLOB = 1, 2, 3, 16
+
+
+class _Work(Protocol):
+    def wait(self, timeout: timedelta = ...) -> bool: ...
+
+
+class SendRecvGroup(Protocol):
+    """The part of a c10d ProcessGroup this transport uses."""
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> Any: ...
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> Any: ...
+
+
+def blob_digest(blob: torch.Tensor) -> int:
+    """Checksum of a whole blob, piece by piece (same pieces on both ends)."""
+    d = Digest()
+    for p in iter_pieces(Segment(0, 0, blob.numel())):
+        d.update(piece_digest(blob[p.offset : p.offset + p.length]))
+    return d.value
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+class PGTransport(CheckpointTransport[T], Generic[T]):
+    """Send/receive checkpoints over a process group (see module docstring).
+
+    Args:
+        pg: a configured process group with c10d `send`/`recv`.
+        timeout: upper bound of any single send/recv wait; the per-call
+            `timeout` of `send_checkpoint`/`recv_checkpoint` bounds the whole
+            call, so each wait gets ``min(timeout, time left)``.
+        device: where tensors travel (``cpu`` for Gloo, a CUDA device for NCCL).
+            Received tensors that are not received in place end up on CPU.
+        state_dict: optional callable returning the receiver's current state
+            dict, for in-place receive.
+    """
+
+    def __init__(
+        self,
+        pg: SendRecvGroup,
+        timeout: timedelta,
+        device: torch.device,
+        state_dict: Callable[[], T] | None = None,
+    ) -> None:
+        if timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self._pg = pg
+        self._timeout = timeout
+        self._device = torch.device(device)
+        self._state_dict = state_dict
+
+    def metadata(self) -> str:
+        return "<n/a>"
+
+    def disallow_checkpoint(self) -> None:
+        """Nothing to do: `send_checkpoint` returns only after every send finished."""
+
+    def _wait(self, work: Any, deadline: Deadline, what: str) -> None:
+        left = min(deadline.check(what), self._timeout.total_seconds())
+        try:
+            ok = work.wait(timedelta(seconds=left))
+        except Exception as exc:
+            raise RecoveryError(
+                f"{what} failed after {deadline.elapsed():.3f} s (timeout {deadline.timeout_s:.3f} s): {exc}"
+            ) from exc
+        if ok is False:
+            raise RecoveryError(f"{what} timed out after {deadline.elapsed():.3f} s")
+
+    def send_checkpoint(
+        self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
+    ) -> None:
+        """Send `state_dict` as `step` to each of `dst_ranks` in turn, within `timeout`."""
+        deadline = Deadline(timeout)
+        packed = pack(state_dict, step)
+        dev = self._device
+        skel = torch.frombuffer(bytearray(packed.skeleton_bytes), dtype=torch.uint8).to(dev)
+        header = torch.tensor(
+            [_MAGIC, _VERSION, step, len(packed.skeleton_bytes), len(packed.blobs)],
+            dtype=torch.int64,
+            device=dev,
+        )
+        digests: list[int | None] = [None] * len(packed.blobs)
+        for dst in dst_ranks:
+            where = f"sending step {step} to rank {dst}"
+            start = Deadline(timeout)
+            self._wait(self._pg.send([header], dst, _TAG_HEADER), deadline, f"{where} (header)")
+            self._wait(self._pg.send([skel], dst, _TAG_SKELETON), deadline, f"{where} (metadata)")
+            for i, blob in enumerate(packed.blobs):
+                if blob.numel() == 0:
+                    continue
+                b = blob if blob.device == dev else blob.to(dev)
+                work = self._pg.send([b], dst, _TAG_BLOB + i)
+                if digests[i] is None:
+                    digests[i] = blob_digest(b)  # overlaps with the send in flight
+                self._wait(work, deadline, f"{where} (blob {i})")
+            sums = torch.tensor([_signed(d or 0) for d in digests], dtype=torch.int64, device=dev)
+            self._wait(self._pg.send([sums], dst, _TAG_DIGESTS), deadline, f"{where} (checksums)")
+            log_transfer(
+                "sent",
+                f"rank {dst}",
+                step,
+                packed.nbytes,
+                start.elapsed(),
+                f"tensors={len(packed.skeleton.tensors)}",
+            )
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
+        """Receive the state dict of `step` from `src_rank` within `timeout` (`metadata` unused)."""
+        del metadata
+        deadline = Deadline(timeout)
+        dev = self._device
+        where = f"receiving step {step} from rank {src_rank}"
+        header = torch.zeros(5, dtype=torch.int64, device=dev)
+        self._wait(self._pg.recv([header], src_rank, _TAG_HEADER), deadline, f"{where} (header)")
+        magic, version, sent_step, skel_len, nblobs = (int(x) for x in header.cpu().tolist())
+        if magic != _MAGIC or version != _VERSION:
+            raise RecoveryError(
+                f"{where}: not a checkpoint header (magic {magic:#x}, version {version})"
+            )
+        if sent_step != step:
+            raise RecoveryError(
+                f"{where}: rank {src_rank} sent step {sent_step}, expected step {step}"
+            )
+        if not 0 < skel_len <= MAX_SKELETON_BYTES:
+            raise RecoveryError(
+                f"{where}: metadata size {skel_len} outside (0, {MAX_SKELETON_BYTES}]"
+            )
+        skel = torch.empty(skel_len, dtype=torch.uint8, device=dev)
+        self._wait(self._pg.recv([skel], src_rank, _TAG_SKELETON), deadline, f"{where} (metadata)")
+        skeleton = decode_skeleton(byte_view(skel.cpu()).tobytes())
+        if skeleton.step != step or len(skeleton.blob_sizes) != nblobs:
+            raise RecoveryError(
+                f"{where}: metadata says step {skeleton.step} with {len(skeleton.blob_sizes)} blobs"
+            )
+        template = self._state_dict() if self._state_dict is not None else None
+        dests, direct, blobs = prepare_receive(skeleton, template, dev)
+        order = [i for i in range(nblobs) if blobs[i].numel() > 0]
+        got: dict[int, int] = {}
+        pending = (
+            self._pg.recv([blobs[order[0]]], src_rank, _TAG_BLOB + order[0]) if order else None
+        )
+        for k, i in enumerate(order):
+            work = pending
+            self._wait(work, deadline, f"{where} (blob {i})")
+            if k + 1 < len(order):
+                nxt = order[k + 1]
+                pending = self._pg.recv([blobs[nxt]], src_rank, _TAG_BLOB + nxt)
+            got[i] = blob_digest(blobs[i])  # overlaps with the next receive
+        sums = torch.zeros(nblobs, dtype=torch.int64, device=dev)
+        self._wait(self._pg.recv([sums], src_rank, _TAG_DIGESTS), deadline, f"{where} (checksums)")
+        expected = [v & ((1 << 64) - 1) for v in sums.cpu().tolist()]
+        bad = [i for i in order if got[i] != expected[i]]
+        if bad:
+            raise RecoveryError(f"{where}: checksum mismatch in blobs {bad[:10]} of {nblobs}")
+        if dev.type != "cpu":
+            blobs = [b if i in direct else b.cpu() for i, b in enumerate(blobs)]
+        result = unpack(skeleton, blobs, dests)
+        log_transfer(
+            "received",
+            f"rank {src_rank}",
+            step,
+            sum(skeleton.blob_sizes),
+            deadline.elapsed(),
+            f"tensors={len(skeleton.tensors)} in_place_blobs={len(direct)} checksum=ok",
+        )
+        return result  # type: ignore[no-any-return]
