@@ -5,6 +5,11 @@ to `torch.distributed` calls, and re-form at run time with
 ``configure(store_addr, rank, world_size)``.
 """
 
+from torchft_pg.process_group.baby import (
+    ProcessGroupBaby,
+    ProcessGroupBabyGloo,
+    ProcessGroupBabyNCCL,
+)
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.dummy import ProcessGroupDummy
 from torchft_pg.process_group.gloo import ProcessGroupGloo
@@ -20,6 +25,9 @@ __all__ = [
     "ErrorSwallowingProcessGroupWrapper",
     "ManagedProcessGroup",
     "ProcessGroup",
+    "ProcessGroupBaby",
+    "ProcessGroupBabyGloo",
+    "ProcessGroupBabyNCCL",
     "ProcessGroupDummy",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",

@@ -18,15 +18,21 @@ _lock = threading.Lock()
 
 def _run() -> None:
     while True:
-        item = _queue.get()
-        del item  # the last reference goes here, on this thread
+        holder = _queue.get()
+        item = holder.pop()  # now the only reference is this local
+        del item, holder
 
 
-def retire(backend: Any) -> None:
-    """Destroy `backend` on the reaper thread once nothing else references it."""
+def retire(holder: list[Any]) -> None:
+    """Destroy the object in the one-element list `holder` on the reaper thread.
+
+    The caller must keep no other reference: passing it inside a list lets the
+    reaper take the last reference, so the teardown cannot land on the caller's
+    thread by a race.
+    """
     global _thread
     with _lock:
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="torchft_pg-reaper", daemon=True)
             _thread.start()
-    _queue.put(backend)
+    _queue.put(holder)

@@ -76,6 +76,15 @@ class ProcessGroupWrapper(ProcessGroup):
         """Build the inner backend for one configuration (a c10d Backend or PG)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _create_pg")
 
+    def _create_pg_at(self, store_addr: str, rank: int, world_size: int) -> Any:
+        """Build the inner backend for the group at `store_addr` (default: via a store client)."""
+        return self._create_pg(create_store_client(store_addr, self._timeout), rank, world_size)
+
+    def _retire_backend(self, holder: list[Any]) -> None:
+        """Dispose of the previous backend (``holder[0]``, its only reference) off-thread."""
+        self._abort_backend(holder[0])
+        _reaper.retire(holder)
+
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         """Run collective `op` on the inner group. `outputs` is what its future yields."""
         return getattr(self.parent, op)(*args)
@@ -110,13 +119,11 @@ class ProcessGroupWrapper(ProcessGroup):
             self._configured = True
             self._publish_ranks(world_size)
             return
-        old, self._pg = self._pg, None
-        if old is not None:
-            self._abort_backend(old)
-            _reaper.retire(old)
+        if self._pg is not None:
+            holder, self._pg = [self._pg], None
+            self._retire_backend(holder)
         try:
-            store = create_store_client(store_addr, self._timeout)
-            self._pg = self._create_pg(store, rank, world_size)
+            self._pg = self._create_pg_at(store_addr, rank, world_size)
         except Exception as e:
             kind = ProcessGroupTimeoutError if _is_timeout(e) else ProcessGroupError
             raise kind(
@@ -138,11 +145,12 @@ class ProcessGroupWrapper(ProcessGroup):
     def abort(self) -> None:
         self._closed = self._closed or ProcessGroupAbortedError("process group was aborted")
         self._error = self._error or self._closed
-        pg, self._pg = self._pg, None
-        if pg is not None:
-            self._abort_backend(pg)
-            if pg is not self._wrapped:
-                _reaper.retire(pg)
+        if self._pg is None:
+            return
+        holder, self._pg = [self._pg], None
+        self._abort_backend(holder[0])
+        if holder[0] is not self._wrapped:
+            _reaper.retire(holder)
 
     def shutdown(self) -> None:
         if self._keep_alive_on_destroy:
