@@ -48,6 +48,7 @@ class ServingGate(Generic[P]):
         self._step: int | None = None
         self._payload: P | None = None
         self._readers = 0
+        self._waiting = 0
         self._shut = False
 
     def allow(self, step: int, payload: P) -> None:
@@ -75,6 +76,11 @@ class ServingGate(Generic[P]):
         with self._cond:
             return self._readers
 
+    def wait_for_waiting(self, n: int, timeout_s: float) -> bool:
+        """Block until at least `n` readers wait for the gate to open (for tests/diagnostics)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._waiting >= n, timeout=timeout_s)
+
     def is_current(self, payload: P) -> bool:
         """Whether `payload` is still the one being served (a reader's stop check)."""
         with self._cond:
@@ -84,9 +90,14 @@ class ServingGate(Generic[P]):
     def read(self, step: int, wait_s: float) -> Iterator[P]:
         """Hold a reader slot on the payload of `step`, waiting up to `wait_s` seconds."""
         with self._cond:
-            opened = self._cond.wait_for(
-                lambda: self._shut or self._payload is not None, timeout=wait_s
-            )
+            self._waiting += 1
+            self._cond.notify_all()
+            try:
+                opened = self._cond.wait_for(
+                    lambda: self._shut or self._payload is not None, timeout=wait_s
+                )
+            finally:
+                self._waiting -= 1
             if self._shut:
                 raise GateClosedError("checkpoint server is shutting down")
             if not opened or self._payload is None:

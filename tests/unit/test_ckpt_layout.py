@@ -1,0 +1,102 @@
+"""Chunk planning and the piece checksum shared by both checkpoint transports."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from torchft_pg.checkpointing.layout import (
+    ALIGN_BYTES,
+    PIECE_BYTES,
+    Digest,
+    Segment,
+    byte_view,
+    iter_pieces,
+    piece_digest,
+    plan_chunks,
+)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_covers_every_byte_once_with_aligned_cuts(seed: int) -> None:
+    rng = random.Random(seed)
+    sizes = [rng.choice([0, 1, 7, 4096, 10_000, 3 << 20, 9 << 20]) for _ in range(rng.randint(1, 8))]
+    n = rng.randint(1, 6)
+    plan = plan_chunks(sizes, n)
+    assert len(plan) == n
+    covered: dict[int, list[tuple[int, int]]] = {}
+    for chunk in plan:
+        for seg in chunk:
+            assert seg.length > 0
+            assert seg.offset % ALIGN_BYTES == 0, "cuts inside a blob fall on aligned offsets"
+            covered.setdefault(seg.blob, []).append((seg.offset, seg.offset + seg.length))
+    for b, size in enumerate(sizes):
+        runs = sorted(covered.get(b, []))
+        pos = 0
+        for lo, hi in runs:
+            assert lo == pos
+            pos = hi
+        assert pos == size
+
+
+def test_plan_balances_one_big_blob() -> None:
+    plan = plan_chunks([40 << 20], 4)
+    assert [sum(s.length for s in c) for c in plan] == [10 << 20] * 4
+
+
+def test_plan_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="num_chunks must be >= 1, got 0"):
+        plan_chunks([1], 0)
+    with pytest.raises(ValueError, match=r"blob sizes must be >= 0, got \[-1\]"):
+        plan_chunks([-1], 1)
+
+
+def test_pieces_tile_a_segment() -> None:
+    seg = Segment(2, 4096, 2 * PIECE_BYTES + 5)
+    pieces = list(iter_pieces(seg))
+    assert [p.length for p in pieces] == [PIECE_BYTES, PIECE_BYTES, 5]
+    assert pieces[0].offset == 4096 and pieces[-1].offset == 4096 + 2 * PIECE_BYTES
+
+
+def test_digest_detects_flips_swaps_and_truncation() -> None:
+    data = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
+    ref = piece_digest(data)
+    assert piece_digest(data.clone()) == ref, "deterministic"
+    flipped = data.clone()
+    flipped[12345] ^= 0x80
+    assert piece_digest(flipped) != ref
+    top = data.clone()
+    top[4096 * 3 + 7] ^= 0x80  # top bit of a word in an even-weighted block
+    assert piece_digest(top) != ref
+    swapped = data.clone()
+    swapped[:4096], swapped[4096:8192] = data[4096:8192].clone(), data[:4096].clone()
+    assert piece_digest(swapped) != ref
+    assert piece_digest(data[:-1]) != ref
+    odd = data[:13]
+    assert piece_digest(odd) != piece_digest(odd[:12])
+
+
+def test_digest_of_unaligned_view_matches_aligned_copy() -> None:
+    data = torch.randint(0, 256, (10_000,), dtype=torch.uint8)
+    assert piece_digest(data[3:9003]) == piece_digest(data[3:9003].clone())
+
+
+def test_fold_is_order_sensitive() -> None:
+    a, b = Digest(), Digest()
+    a.update(1)
+    a.update(2)
+    b.update(2)
+    b.update(1)
+    assert a.value != b.value
+
+
+def test_byte_view_aliases_tensor_memory() -> None:
+    t = torch.zeros(4, dtype=torch.int32)
+    mv = byte_view(t)
+    assert len(mv) == 16
+    mv[0] = 7
+    assert t[0].item() == 7
+    with pytest.raises(ValueError, match="contiguous CPU"):
+        byte_view(torch.zeros(4, 4).t())
