@@ -18,12 +18,26 @@ _lock = threading.Lock()
 _loop: asyncio.AbstractEventLoop | None = None
 
 
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when installed (fewer microseconds per gRPC call), else asyncio's."""
+    import os
+
+    if os.environ.get("LIGHTHOUSE_NO_UVLOOP") != "1":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def background_loop() -> asyncio.AbstractEventLoop:
     """The process-wide loop, started on first use in a daemon thread."""
     global _loop
     with _lock:
         if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
+            loop = _new_loop()
             ready = threading.Event()
 
             def run() -> None:

@@ -134,7 +134,9 @@ class ManagerServer:
                 f"{self._connect_s:g} s"
             ) from None
         base = f"/{wire.LIGHTHOUSE_SERVICE}/"
-        self._lh_quorum = self._channel.unary_unary(base + "Quorum")
+        self._lh_quorum_stream = self._channel.stream_stream(base + "QuorumStream")
+        self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
+        self._qlock = asyncio.Lock()
         self._lh_liveness = self._channel.stream_stream(base + "Liveness")
         server = grpc.aio.server(options=grpc_server_options(5000))
         handlers = {
@@ -325,12 +327,10 @@ class ManagerServer:
                 fut.set_exception(QuorumTimeoutError(
                     f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
                 return
-            try:
-                reply = await self._lh_quorum(payload, timeout=remaining)
+            reply, code, details = await self._ask_lighthouse(payload, remaining)
+            if reply is not None:
                 fut.set_result(wire.decode_lighthouse_quorum_response(reply))
                 return
-            except grpc.aio.AioRpcError as exc:
-                code, details = exc.code(), exc.details()
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 fut.set_exception(QuorumTimeoutError(
                     f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
@@ -354,6 +354,35 @@ class ManagerServer:
                 return
             await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
             delay = min(delay * 1.5, 1.0)
+
+    async def _ask_lighthouse(
+        self, payload: bytes, timeout_s: float
+    ) -> tuple[bytes | None, grpc.StatusCode, str]:
+        """One request on the persistent QuorumStream, waiting up to ``timeout_s`` seconds.
+
+        Returns (reply, OK, "") or (None, status code, details); any failure
+        cancels the stream (which withdraws the request) so the next call reopens it.
+        """
+        async with self._qlock:
+            if self._qcall is None:
+                self._qcall = self._lh_quorum_stream()
+            call = self._qcall
+            try:
+                await asyncio.wait_for(call.write(payload), timeout_s)
+                reply = await asyncio.wait_for(call.read(), timeout_s)
+                if reply is grpc.aio.EOF:
+                    raise ConnectionError("the lighthouse ended the quorum stream")
+                assert isinstance(reply, bytes)
+                return reply, grpc.StatusCode.OK, ""
+            except asyncio.TimeoutError:
+                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"no quorum within {timeout_s:.3f} s"
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+            except (ConnectionError, asyncio.InvalidStateError) as exc:
+                code, details = grpc.StatusCode.UNAVAILABLE, str(exc)
+            call.cancel()
+            self._qcall = None
+            return None, code, details
 
     # -- commit vote, metadata, kill -------------------------------------------------------
     async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:

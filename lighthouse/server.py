@@ -135,6 +135,7 @@ class LighthouseServer:
         server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
         handlers = {
             "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
+            "QuorumStream": grpc.stream_stream_rpc_method_handler(self._quorum_stream),
             "Heartbeat": grpc.unary_unary_rpc_method_handler(self._heartbeat),
             "Liveness": grpc.stream_stream_rpc_method_handler(self._liveness),
         }
@@ -216,6 +217,27 @@ class LighthouseServer:
         finally:
             self.core.withdraw(member.replica_id, fut)
         raise AssertionError("unreachable")
+
+    async def _quorum_stream(
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
+        while True:
+            msg = await context.read()
+            if msg is grpc.aio.EOF:
+                return
+            try:
+                assert isinstance(msg, bytes)
+                member = validate.check_member(wire.decode_lighthouse_quorum_request(msg))
+            except ValueError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"QuorumStream: {exc}")
+            fut = self.core.request(member)
+            try:
+                payload = await fut
+            except SupersededError as exc:
+                await context.abort(grpc.StatusCode.ABORTED, f"QuorumStream: {exc}")
+            finally:
+                self.core.withdraw(member.replica_id, fut)
+            await context.write(payload)
 
     async def _heartbeat(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
