@@ -33,16 +33,15 @@ def test_read_waits_until_allowed() -> None:
 def test_wrong_step_names_both_steps() -> None:
     gate: ServingGate[str] = ServingGate()
     gate.allow(5, "sd")
-    with pytest.raises(WrongStepError, match="requested step 4, but this replica serves step 5"):
-        with gate.read(4, wait_s=1):
-            pass
+    expected = "requested step 4, but this replica serves step 5"
+    with pytest.raises(WrongStepError, match=expected), gate.read(4, wait_s=1):
+        pass
 
 
 def test_not_allowed_within_wait() -> None:
     gate: ServingGate[str] = ServingGate()
-    with pytest.raises(NotAllowedError, match="within 0.010 s"):
-        with gate.read(1, wait_s=0.01):
-            pass
+    with pytest.raises(NotAllowedError, match=r"within 0\.010 s"), gate.read(1, wait_s=0.01):
+        pass
 
 
 def test_disallow_waits_for_readers_and_blocks_new_ones() -> None:
@@ -60,9 +59,8 @@ def test_disallow_waits_for_readers_and_blocks_new_ones() -> None:
         fut = pool.submit(long_reader)
         assert inside.wait(10)
         assert gate.disallow(drain_s=0.01) is False, "a reader still holds the gate"
-        with pytest.raises(NotAllowedError):
-            with gate.read(1, wait_s=0.01):
-                pass
+        with pytest.raises(NotAllowedError), gate.read(1, wait_s=0.01):
+            pass
         drained = pool.submit(gate.disallow, 10)
         release.set()
         assert fut.result(timeout=10) is False, "the reader sees it was disallowed"
@@ -83,4 +81,3 @@ def test_shutdown_wakes_waiting_readers() -> None:
         gate.shutdown()
         with pytest.raises(GateClosedError):
             fut.result(timeout=10)
-

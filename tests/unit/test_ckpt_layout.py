@@ -22,7 +22,9 @@ from torchft_pg.checkpointing.layout import (
 @pytest.mark.parametrize("seed", range(20))
 def test_plan_covers_every_byte_once_with_aligned_cuts(seed: int) -> None:
     rng = random.Random(seed)
-    sizes = [rng.choice([0, 1, 7, 4096, 10_000, 3 << 20, 9 << 20]) for _ in range(rng.randint(1, 8))]
+    sizes = [
+        rng.choice([0, 1, 7, 4096, 10_000, 3 << 20, 9 << 20]) for _ in range(rng.randint(1, 8))
+    ]
     n = rng.randint(1, 6)
     plan = plan_chunks(sizes, n)
     assert len(plan) == n

@@ -115,16 +115,19 @@ def _parse(path: str) -> tuple[int, str, int, int, dict[str, str]]:
     url = urllib.parse.urlsplit(path)
     parts = url.path.strip("/").split("/")
     query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
-    if len(parts) == 3 and parts[0] == "checkpoint" and parts[2] == "meta":
-        return int(parts[1]), "meta", 0, 1, query
-    if len(parts) == 5 and parts[0] == "checkpoint" and parts[2] == "chunk":
-        i, n = int(parts[3]), int(parts[4])
-        if not 0 <= i < n:
-            raise ValueError(f"chunk index must be in [0, {n}), got {i}")
-        return int(parts[1]), "chunk", i, n, query
-    raise ValueError(
+    usage = (
         f"path must be /checkpoint/<step>/meta or /checkpoint/<step>/chunk/<i>/<n>, got {path!r}"
     )
+    try:
+        if len(parts) == 3 and parts[0] == "checkpoint" and parts[2] == "meta":
+            return int(parts[1]), "meta", 0, 1, query
+        if len(parts) == 5 and parts[0] == "checkpoint" and parts[2] == "chunk":
+            step, i, n = int(parts[1]), int(parts[3]), int(parts[4])
+            if 0 <= i < n:
+                return step, "chunk", i, n, query
+    except ValueError as exc:
+        raise ValueError(usage) from exc
+    raise ValueError(usage)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -336,6 +339,10 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             self._thread.join(timeout=self._timeout_s)
 
 
+class _Cancelled(RecoveryError):
+    """A chunk stopped because another chunk of the same receive failed."""
+
+
 class _Fetcher:
     """One receive: the metadata request and the chunk requests, under one deadline."""
 
@@ -391,7 +398,8 @@ class _Fetcher:
         with ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckpt-fetch") as pool:
             futures = [pool.submit(self._chunk, skeleton, blobs, i, n) for i in range(n)]
             errors = [f.exception() for f in futures]  # waits for all; each is deadline-bounded
-        first = next((e for e in errors if e is not None), None)
+        real = [e for e in errors if e is not None and not isinstance(e, _Cancelled)]
+        first = real[0] if real else next((e for e in errors if e is not None), None)
         if first is not None:
             raise first
 
@@ -409,7 +417,7 @@ class _Fetcher:
             for seg in segments:
                 for p in iter_pieces(seg):
                     if self.cancel.is_set():
-                        raise RecoveryError(f"chunk {i}/{n} cancelled: another chunk failed")
+                        raise _Cancelled(f"chunk {i}/{n} cancelled: another chunk failed")
                     view = blobs[p.blob][p.offset : p.offset + p.length]
                     self._read_exact(sock, resp, byte_view(view))
                     digest.update(piece_digest(view))

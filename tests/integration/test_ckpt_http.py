@@ -1,0 +1,298 @@
+"""HTTPTransport between two transports on 127.0.0.1 (server and receiver threads)."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchft_pg.checkpointing.http_transport as http_transport
+from torchft_pg.checkpointing import HTTPTransport
+from torchft_pg.checkpointing.http_transport import default_advertise_host
+from torchft_pg.checkpointing.serialization import FORMAT, decode_skeleton
+from torchft_pg.errors import RecoveryError
+
+T = timedelta(seconds=10)
+SHORT = timedelta(seconds=0.5)
+
+
+def state_dict() -> dict[str, Any]:
+    w = torch.randn(300, 200)
+    return {
+        "model": {
+            "w": w,
+            "w_t": w.t(),
+            "big": torch.randn(3 << 20),
+            "bf": torch.randn(7).bfloat16(),
+        },
+        "optim": {
+            "state": {0: {"step": torch.tensor(4)}},
+            "param_groups": [{"lr": 0.5, "betas": (0.9, 0.99)}],
+        },
+        "flags": torch.tensor([True, False, True]),
+        "epoch": 3,
+    }
+
+
+def check_same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+    assert torch.equal(a["optim"]["state"][0]["step"], b["optim"]["state"][0]["step"])
+    assert torch.equal(a["flags"], b["flags"]) and a["epoch"] == b["epoch"]
+
+
+@pytest.fixture
+def sender() -> Iterator[HTTPTransport[dict[str, Any]]]:
+    t: HTTPTransport[dict[str, Any]] = HTTPTransport(T, bind_host="127.0.0.1")
+    try:
+        yield t
+    finally:
+        t.shutdown()
+
+
+def receiver(num_chunks: int = 0, **kw: Any) -> HTTPTransport[dict[str, Any]]:
+    return HTTPTransport(T, num_chunks=num_chunks, bind_host="127.0.0.1", **kw)
+
+
+@pytest.mark.parametrize("num_chunks", [0, 3])
+def test_roundtrip_logs_bytes_seconds_and_rate(
+    sender: HTTPTransport[dict[str, Any]], num_chunks: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    sd = state_dict()
+    sender.send_checkpoint([1], 5, sd, T)
+    r = receiver(num_chunks)
+    try:
+        with caplog.at_level(logging.INFO, logger="torchft_pg.checkpointing"):
+            out = r.recv_checkpoint(0, sender.metadata(), 5, T)
+    finally:
+        r.shutdown()
+    check_same(sd, out)
+    assert out["model"]["w_t"].data_ptr() == out["model"]["w"].data_ptr(), "views stay views"
+    line = next(m for m in caplog.messages if "received" in m)
+    assert "step=5" in line and "bytes=" in line and "GB/s=" in line and "checksum=ok" in line
+
+
+def test_wrong_step_is_409_and_a_recovery_error_naming_both(
+    sender: HTTPTransport[dict[str, Any]],
+) -> None:
+    sender.send_checkpoint([1], 5, state_dict(), T)
+    r = receiver()
+    try:
+        with pytest.raises(
+            RecoveryError, match=r"409.*requested step 6, but this replica serves step 5"
+        ):
+            r.recv_checkpoint(0, sender.metadata(), 6, T)
+    finally:
+        r.shutdown()
+
+
+def test_never_allowed_fails_within_the_timeout(sender: HTTPTransport[dict[str, Any]]) -> None:
+    r = receiver()
+    start = time.monotonic()
+    try:
+        with pytest.raises(RecoveryError, match=r"step 2.*(not allowed|timed out)"):
+            r.recv_checkpoint(0, sender.metadata(), 2, SHORT)
+    finally:
+        r.shutdown()
+    assert time.monotonic() - start < SHORT.total_seconds() + 0.5
+
+
+def test_reader_waits_for_send_and_is_blocked_after_disallow(
+    sender: HTTPTransport[dict[str, Any]],
+) -> None:
+    sd = state_dict()
+    r = receiver()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(r.recv_checkpoint, 0, sender.metadata(), 7, T)
+            assert sender._gate.wait_for_waiting(1, timeout_s=10), (
+                "the request must wait at the gate"
+            )
+            sender.send_checkpoint([1], 7, sd, T)
+            check_same(sd, fut.result(timeout=10))
+        sender.disallow_checkpoint()
+        with pytest.raises(RecoveryError, match="503"):
+            r.recv_checkpoint(0, sender.metadata(), 7, SHORT)
+    finally:
+        r.shutdown()
+
+
+def test_disallow_cuts_an_in_flight_transfer(
+    sender: HTTPTransport[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receiver stalled mid-stream must not keep the sender's state dict pinned."""
+    sd = {"big": torch.randn(16 << 20)}  # 64 MB: more than the socket buffers hold
+    sender.send_checkpoint([1], 1, sd, T)
+    conn = http.client.HTTPConnection("127.0.0.1", sender.port, timeout=10)
+    conn.request("GET", "/checkpoint/1/meta")
+    serial = decode_skeleton(conn.getresponse().read()).serial
+    conn.close()
+    with socket.create_connection(("127.0.0.1", sender.port), timeout=10) as s:
+        s.sendall(
+            f"GET /checkpoint/1/chunk/0/1?serial={serial}&wait_ms=1000 HTTP/1.0\r\n\r\n".encode()
+        )
+        assert s.recv(1024), "the stream started; now we stop reading"
+        monkeypatch.setattr(sender, "_timeout_s", 0.2)
+        start = time.monotonic()
+        sender.disallow_checkpoint()
+        assert time.monotonic() - start < 5
+        assert sender._gate.readers == 0
+
+
+def test_checksum_mismatch_raises(
+    sender: HTTPTransport[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = http_transport.piece_digest
+
+    def corrupt_on_receive(piece: torch.Tensor) -> int:
+        value = real(piece)
+        return value ^ 1 if threading.current_thread().name.startswith("ckpt-fetch") else value
+
+    monkeypatch.setattr(http_transport, "piece_digest", corrupt_on_receive)
+    sender.send_checkpoint([1], 1, state_dict(), T)
+    r = receiver(num_chunks=2)
+    try:
+        with pytest.raises(RecoveryError, match="checksum mismatch in chunk"):
+            r.recv_checkpoint(0, sender.metadata(), 1, T)
+    finally:
+        r.shutdown()
+
+
+def test_in_place_receive_fills_existing_tensors(sender: HTTPTransport[dict[str, Any]]) -> None:
+    sd = state_dict()
+    mine = state_dict()
+    before = {k: v.data_ptr() for k, v in mine["model"].items()}
+    sender.send_checkpoint([1], 9, sd, T)
+    r = receiver(num_chunks=2, state_dict=lambda: mine)
+    try:
+        out = r.recv_checkpoint(0, sender.metadata(), 9, T)
+    finally:
+        r.shutdown()
+    check_same(sd, out)
+    assert out["model"]["big"] is mine["model"]["big"]
+    assert mine["model"]["big"].data_ptr() == before["big"] and torch.equal(
+        mine["model"]["big"], sd["model"]["big"]
+    )
+
+
+class _EvilHandler(BaseHTTPRequestHandler):
+    marker: Path
+
+    def do_GET(self) -> None:
+        marker = self.marker
+
+        class Evil:
+            def __reduce__(self) -> Any:
+                return (Path.write_text, (marker, "pwned"))
+
+        buf = io.BytesIO()
+        torch.save({"format": FORMAT, "evil": Evil()}, buf)
+        body = buf.getvalue()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_malicious_metadata_from_a_peer_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    handler = type("H", (_EvilHandler,), {"marker": marker})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    r = receiver()
+    try:
+        with pytest.raises(RecoveryError, match="refused checkpoint metadata"):
+            r.recv_checkpoint(0, f"http://127.0.0.1:{srv.server_address[1]}/checkpoint/", 1, T)
+    finally:
+        r.shutdown()
+        srv.shutdown()
+        srv.server_close()
+        thread.join(10)
+    assert not marker.exists()
+
+
+def test_advertised_address_is_configurable() -> None:
+    t: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", advertise_host="localhost"
+    )
+    r = receiver()
+    try:
+        assert t.metadata() == f"http://localhost:{t.port}/checkpoint/"
+        sd = state_dict()
+        t.send_checkpoint([1], 1, sd, T)
+        check_same(sd, r.recv_checkpoint(0, t.metadata(), 1, T))
+    finally:
+        t.shutdown()
+        r.shutdown()
+    assert default_advertise_host("10.1.2.3") == "10.1.2.3"
+    assert default_advertise_host("0.0.0.0") not in ("", "0.0.0.0")
+
+
+def test_ipv6_loopback() -> None:
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 support in this Python build")
+    try:
+        t: HTTPTransport[dict[str, Any]] = HTTPTransport(T, bind_host="::1")
+    except OSError as exc:
+        pytest.skip(f"cannot bind ::1 here: {exc}")
+    r = receiver()
+    try:
+        assert t.metadata().startswith("http://[::1]:")
+        t.send_checkpoint([1], 1, {"x": torch.arange(10)}, T)
+        assert torch.equal(r.recv_checkpoint(0, t.metadata(), 1, T)["x"], torch.arange(10))
+    finally:
+        t.shutdown()
+        r.shutdown()
+
+
+def test_malformed_path_is_400(sender: HTTPTransport[dict[str, Any]]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", sender.port, timeout=10)
+    try:
+        conn.request("GET", "/checkpoint/abc/meta")
+        resp = conn.getresponse()
+        assert resp.status == 400
+        assert b"/checkpoint/<step>/meta" in resp.read()
+    finally:
+        conn.close()
+
+
+def test_bad_metadata_argument_is_a_value_error() -> None:
+    r = receiver()
+    try:
+        with pytest.raises(
+            ValueError, match="metadata must be 'http://host:port/checkpoint/', got 'nope'"
+        ):
+            r.recv_checkpoint(0, "nope", 1, T)
+    finally:
+        r.shutdown()
+
+
+@pytest.mark.gpu
+def test_cuda_state_dict_is_served_from_cpu(sender: HTTPTransport[dict[str, Any]]) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    sd = {"w": torch.randn(1000, device="cuda"), "n": 1}
+    sender.send_checkpoint([1], 1, sd, T)
+    r = receiver()
+    try:
+        out = r.recv_checkpoint(0, sender.metadata(), 1, T)
+    finally:
+        r.shutdown()
+    assert out["w"].device.type == "cpu" and torch.equal(out["w"], sd["w"].cpu())
