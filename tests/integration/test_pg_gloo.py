@@ -228,3 +228,33 @@ def _register(ctx: RankContext) -> list[float]:
 def test_register_resolves_for_functional_collectives_and_unregisters() -> None:
     for r in run_ranks(_register, 2):
         assert r == [3.0, 3.0, 2.0]
+
+
+def _swallow_peer_death(ctx: RankContext) -> dict[str, object]:
+    from torchft_pg import ErrorSwallowingProcessGroupWrapper
+
+    pg = ErrorSwallowingProcessGroupWrapper(ProcessGroupGloo(timeout=timedelta(seconds=5)))
+    pg.configure(ctx.addr("sw/0"), ctx.rank, 3)
+    pg.allreduce([torch.ones(1)]).wait()
+    if ctx.rank == 2:
+        os._exit(0)
+    ctx.barrier("survivors", [0, 1])
+    waits = [pg.allreduce([torch.ones(1)]).wait() for _ in range(3)]  # never raises
+    untouched = torch.full((1,), 9.0)
+    skipped = pg.allreduce([untouched]).wait()
+    error = repr(pg.error())
+    ctx.barrier("reconfigure", [0, 1])
+    pg.configure(ctx.addr("sw/1"), ctx.rank, 2)
+    after = torch.ones(1)
+    pg.allreduce([after]).wait()
+    pg.shutdown()
+    return {"waits": waits, "skipped": skipped, "untouched": untouched.item(), "error": error,
+            "cleared": after.item()}
+
+
+def test_error_swallowing_over_gloo_survives_a_dead_peer() -> None:
+    for r in run_ranks(_swallow_peer_death, 3, allow_exit={2}, timeout=60)[:2]:
+        assert False in r["waits"]  # the failure was reported, not raised
+        assert r["skipped"] is True and r["untouched"] == 9.0
+        assert "RuntimeError" in str(r["error"])
+        assert r["cleared"] == 2.0

@@ -1,0 +1,157 @@
+"""Dummy, ErrorSwallowing and Managed groups, driven without sockets.
+
+`FailingGroup` is a ProcessGroupDummy whose collectives fail on demand: the
+thing under test is the wrapper, not the backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch._C._distributed_c10d import ReduceOp, Work
+from torch.futures import Future
+
+from torchft_pg import ErrorSwallowingProcessGroupWrapper, ManagedProcessGroup, ProcessGroupDummy
+from torchft_pg.work import completed_work
+
+
+class FailedWork(Work):
+    """A work that fails the way a Gloo work does when a peer dies."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self._error = error
+
+    def wait(self, timeout: Any = None) -> bool:
+        raise self._error
+
+    def get_future(self) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_exception(self._error)
+        return fut
+
+
+class FailingGroup(ProcessGroupDummy):
+    def __init__(self, world: int = 2) -> None:
+        super().__init__(rank=0, world=world)
+        self.fail_sync: Exception | None = None
+        self.fail_async: Exception | None = None
+        self.calls = 0
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        self.calls += 1
+        if self.fail_sync is not None:
+            raise self.fail_sync
+        if self.fail_async is not None:
+            return FailedWork(self.fail_async)
+        for t in tensors:
+            t.mul_(self.size())
+        return completed_work(tensors)
+
+    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:
+        self.calls += 1
+        if self.fail_sync is not None:
+            raise self.fail_sync
+        return completed_work(tensor_list)
+
+
+def test_dummy_counts_configures_and_copies_gathers() -> None:
+    pg = ProcessGroupDummy(rank=0, world=1)
+    pg.configure("h:1/a", 0, 1)
+    pg.configure("h:1/b", 0, 1)
+    assert pg.configure_count == 2
+    out = [[torch.zeros(2)]]
+    pg.allgather(out, [torch.ones(2)]).wait()
+    assert out[0][0].tolist() == [1.0, 1.0]
+    t = torch.full((2,), 3.0)
+    assert pg.allreduce([t]).get_future().wait() == [t]
+
+
+def test_error_swallowing_captures_first_failure_and_skips_until_configure() -> None:
+    inner = FailingGroup()
+    pg = ErrorSwallowingProcessGroupWrapper(inner)
+    t = torch.ones(2)
+    pg.allreduce([t]).wait()
+    assert t.tolist() == [2.0, 2.0]
+
+    first = RuntimeError("connection closed by peer")
+    inner.fail_async = first
+    work = pg.allreduce([t])
+    assert work.wait() is False  # reported, not raised
+    assert pg.error() is first and pg.errored() is first
+
+    inner.fail_async = None
+    inner.fail_sync = RuntimeError("second failure")
+    calls = inner.calls
+    untouched = torch.full((2,), 7.0)
+    value = pg.allreduce([untouched]).get_future().wait()
+    pg.broadcast([untouched]).wait()
+    assert inner.calls == calls  # skipped: the backend was not called
+    assert untouched.tolist() == [7.0, 7.0] and value == [untouched]
+    assert pg.error() is first  # the first real failure is kept
+
+    inner.fail_sync = None
+    pg.configure("h:1/next", 0, 2)
+    assert pg.error() is None
+    pg.allreduce([untouched]).wait()
+    assert untouched.tolist() == [14.0, 14.0]
+
+
+def test_error_swallowing_future_yields_inputs_on_failure() -> None:
+    inner = FailingGroup()
+    pg = ErrorSwallowingProcessGroupWrapper(inner)
+    inner.fail_async = RuntimeError("peer died")
+    t = torch.full((1,), 5.0)
+    assert pg.allreduce([t]).get_future().wait() == [t]
+    assert isinstance(pg.error(), RuntimeError)
+
+
+class FakeManager:
+    """The Manager interface ManagedProcessGroup relies on, with observable calls."""
+
+    def __init__(self, pg: ProcessGroupDummy, participants: int) -> None:
+        self.pg = pg
+        self.participants = participants
+        self.errors: list[Exception] = []
+        self.allreduce_calls: list[tuple[torch.Tensor, Any]] = []
+
+    def allreduce(self, tensor: torch.Tensor, reduce_op: Any = ReduceOp.AVG) -> Work:
+        self.allreduce_calls.append((tensor, reduce_op))
+        tensor.add_(100)
+        return completed_work([tensor])
+
+    def num_participants(self) -> int:
+        return self.participants
+
+    def participating_rank(self) -> int | None:
+        return 1
+
+    def report_error(self, e: Exception) -> None:
+        self.errors.append(e)
+
+    def errored(self) -> Exception | None:
+        return self.errors[0] if self.errors else None
+
+
+def test_managed_group_routes_allreduce_through_manager_and_reports_errors() -> None:
+    inner = FailingGroup(world=3)
+    manager = FakeManager(inner, participants=2)
+    pg = ManagedProcessGroup(manager)
+    assert pg.size() == 2 and pg.rank() == 1
+    t = torch.zeros(1)
+    pg.allreduce([t], ReduceOp.SUM).wait()
+    assert t.item() == 100.0 and manager.allreduce_calls[0][1] == ReduceOp.SUM
+
+    inner.fail_sync = RuntimeError("broadcast broke")
+    pg.broadcast([t]).wait()  # another collective: error goes to the manager
+    assert [str(e) for e in manager.errors] == ["broadcast broke"]
+    before = len(manager.allreduce_calls)
+    pg.allreduce([t]).wait()  # the manager errored: skipped
+    assert len(manager.allreduce_calls) == before
+
+
+def test_error_swallowing_needs_a_torchft_group() -> None:
+    with pytest.raises(TypeError, match="torchft_pg ProcessGroup"):
+        ErrorSwallowingProcessGroupWrapper(object())  # type: ignore[arg-type]
