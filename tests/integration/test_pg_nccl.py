@@ -1,0 +1,53 @@
+"""NCCL and BabyNCCL on real GPUs: one rank per device. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import os
+import signal
+from datetime import timedelta
+
+import pytest
+import torch
+
+from tests.multiproc import RankContext, run_ranks
+from tests.pg_checks import check_collectives
+
+pytestmark = pytest.mark.gpu
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+needs_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device (none here); run on a GPU machine")
+
+
+def _nccl(ctx: RankContext) -> list[str]:
+    from torchft_pg import ProcessGroupBabyNCCL, ProcessGroupNCCL
+
+    torch.cuda.set_device(ctx.rank)
+    device = torch.device("cuda", ctx.rank)
+    cls = ProcessGroupBabyNCCL if ctx.args[0] == "baby" else ProcessGroupNCCL
+    pg = cls(timeout=timedelta(seconds=30))
+    names: list[str] = []
+    for gen in range(2):  # a reconfiguration in between
+        pg.configure(ctx.addr(f"nccl/{ctx.args[0]}/{gen}"), ctx.rank, ctx.world_size)
+        names = check_collectives(pg, device)
+    if ctx.args[0] == "baby":
+        pid = pg.child_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(Exception):
+            pg.allreduce([torch.ones(1, device=device)]).wait()
+        pg.configure(ctx.addr("nccl/baby/after-kill"), ctx.rank, ctx.world_size)
+        t = torch.ones(1, device=device)
+        pg.allreduce([t]).wait()
+        assert t.item() == ctx.world_size
+    else:
+        pg.abort()
+        assert pg.errored() is not None
+    pg.shutdown()
+    return names
+
+
+@needs_gpu
+@pytest.mark.parametrize("kind", ["nccl", "baby"])
+def test_nccl_collectives_reconfigure_and_abort(kind: str) -> None:
+    results = run_ranks(_nccl, GPUS, kind, timeout=240)
+    assert "allreduce" in results[0] and "reduce_scatter" in results[0]
