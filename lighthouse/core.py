@@ -75,6 +75,7 @@ class LighthouseCore:
         if self.waiters.get(replica_id) is fut:
             del self.waiters[replica_id]
             self.state.withdraw(replica_id)
+            self.evaluate()  # keeps the reason shown on /status current
 
     def heartbeat(self, replica_id: str) -> None:
         """A sign of life from ``replica_id``."""

@@ -1,0 +1,97 @@
+"""LighthouseCore on an event loop with a fake clock: futures, deaths, notices (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from lighthouse import wire
+from lighthouse.clock import FakeClock
+from lighthouse.core import LighthouseCore, SupersededError
+from lighthouse.quorum import QuorumConfig
+from lighthouse.types import QuorumMember
+
+CFG = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_members_get_one_shared_payload_and_survivors_hear_of_a_death() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        core = LighthouseCore(CFG, clock, "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "abc"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        futs = [core.request(QuorumMember(rid)) for rid in "abc"]
+        payloads = [await f for f in futs]
+        assert payloads[0] is payloads[1] is payloads[2]  # serialized once
+        assert wire.decode_lighthouse_quorum_response(payloads[0]).replica_ids == ["a", "b", "c"]
+        fa, fb = core.request(QuorumMember("a")), core.request(QuorumMember("b"))
+        assert not fa.done() and core.decision.kind == "join_timeout"
+        core.stream_closed("c", queues["c"])  # c's process died: stream broke
+        q = wire.decode_lighthouse_quorum_response(await fa)
+        assert q.replica_ids == ["a", "b"] and q.quorum_id == 2 and (await fb) is not None
+        for rid in "ab":
+            epoch, notice = wire.decode_liveness_event(queues[rid].get_nowait())
+            assert notice is not None and notice.dead_replica_ids == ("c",)
+            assert (notice.epoch, notice.quorum_id) == ("ep", 1)
+        assert queues["c"].empty()
+        assert core.recent_deaths[-1]["replica_id"] == "c"
+
+    run(body())
+
+
+def test_heartbeat_timeout_is_the_fallback_for_a_silent_host() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        core = LighthouseCore(CFG, clock, "ep")
+        qc: asyncio.Queue[bytes] = asyncio.Queue()
+        core.stream_opened("c", qc)
+        futs = [core.request(QuorumMember(rid)) for rid in "abc"]
+        await asyncio.gather(*futs)
+        fa, fb = core.request(QuorumMember("a")), core.request(QuorumMember("b"))
+        clock.advance(4.9)
+        core.tick()
+        assert not fa.done()
+        clock.advance(0.2)
+        core.tick()  # c silent for 5.1 s: declared dead, its stream told to hang up
+        assert (await fa) and (await fb)
+        assert qc.get_nowait() == b""
+        assert "no heartbeat" in core.recent_deaths[-1]["reason"]
+
+    run(body())
+
+
+def test_a_second_request_from_the_same_replica_supersedes_the_first() -> None:
+    async def body() -> None:
+        core = LighthouseCore(CFG, FakeClock(), "ep")
+        first = core.request(QuorumMember("a"))
+        second = core.request(QuorumMember("a"))
+        with pytest.raises(SupersededError, match="newer quorum request"):
+            await first
+        core.withdraw("a", second)
+        assert "a" not in core.state.pending
+        snap = core.snapshot()
+        assert snap["epoch"] == "ep" and snap["next_quorum"]["kind"] == "idle"
+
+    run(body())
+
+
+def test_snapshot_reports_step_times_slowest_vs_median() -> None:
+    async def body() -> None:
+        core = LighthouseCore(QuorumConfig(min_replicas=3), FakeClock(), "ep")
+        futs = [
+            core.request(QuorumMember(rid, step=4, step_time_ms=t))
+            for rid, t in (("a", 100.0), ("b", 110.0), ("c", 300.0))
+        ]
+        await asyncio.gather(*futs)
+        report = core.snapshot()["step_report"]
+        assert report["median_step_time_ms"] == 110.0
+        assert report["slowest_replica_id"] == "c"
+        assert report["slowest_over_median"] == pytest.approx(300 / 110, rel=1e-3)
+
+    run(body())

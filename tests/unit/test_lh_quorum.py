@@ -1,0 +1,208 @@
+"""The quorum rules, driven by a fake clock (no sockets, no sleeping)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lighthouse.clock import FakeClock
+from lighthouse.quorum import QuorumConfig, QuorumState, decide_quorum
+from lighthouse.types import QuorumMember
+
+CFG = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+
+
+def ask(state: QuorumState, clock: FakeClock, rid: str, **kw: object) -> None:
+    state.request(QuorumMember(rid, **kw), clock.now())  # type: ignore[arg-type]
+
+
+def decide_and_issue(state: QuorumState, clock: FakeClock, cfg: QuorumConfig = CFG) -> tuple[str, list[str]]:
+    d = decide_quorum(clock.now(), state, cfg)
+    if d.members is None:
+        return d.kind, []
+    q = state.issue(d.members, clock.now(), 0)
+    return d.kind, q.replica_ids
+
+
+def test_first_quorum_waits_for_min_replicas_and_says_why() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    ask(state, clock, "a")
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.members is None and d.kind == "min_replicas"
+    assert "min_replicas=2" in d.reason
+    ask(state, clock, "b")
+    assert decide_and_issue(state, clock) == ("ready", ["a", "b"])
+    assert state.quorum_id == 1 and state.epoch == "e"
+
+
+def test_split_brain_guard_needs_strict_majority_of_live_replicas() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+    for rid in ("a", "b", "c", "d"):
+        state.heartbeat(rid, clock.now())
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.kind == "split_brain" and "strict majority" in d.reason
+    clock.advance(100)  # even after any join timeout: 2 of 4 is no majority
+    for rid in ("c", "d"):
+        state.heartbeat(rid, clock.now())
+    state.heartbeat("a", clock.now())
+    state.heartbeat("b", clock.now())
+    assert decide_quorum(clock.now(), state, cfg).kind == "split_brain"
+
+
+def test_join_timeout_waits_for_stragglers_then_issues_without_them() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    state.heartbeat("c", clock.now())
+    ask(state, clock, "a")
+    clock.advance(0.5)
+    ask(state, clock, "b")
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind == "join_timeout" and "1 live replica(s)" in d.reason
+    clock.advance(0.49)  # join timeout counts from the earliest ask (a at t=0)
+    assert decide_quorum(clock.now(), state, CFG).kind == "join_timeout"
+    clock.advance(0.02)
+    kind, ids = decide_and_issue(state, clock)
+    assert (kind, ids) == ("ready", ["a", "b"])
+
+
+def test_straggler_silent_past_heartbeat_timeout_no_longer_delays() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=2, join_timeout_s=60.0, heartbeat_timeout_s=5.0)
+    state.heartbeat("c", clock.now())
+    clock.advance(4.0)
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    assert decide_quorum(clock.now(), state, cfg).kind == "join_timeout"
+    clock.advance(1.0)  # c last seen 5 s ago
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b"])
+    assert state.prune(clock.now(), cfg.heartbeat_timeout_s) == ["c"]
+    assert "c" not in state.seen
+
+
+def test_forgotten_replica_dead_by_stream_close_issues_at_once() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=2, join_timeout_s=60.0, heartbeat_timeout_s=5.0)
+    for rid in "abc":
+        ask(state, clock, rid)
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b", "c"])
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    assert decide_quorum(clock.now(), state, cfg).kind == "join_timeout"
+    assert state.forget("c")
+    kind, ids = decide_and_issue(state, clock, cfg)
+    assert (kind, ids) == ("ready", ["a", "b"])
+    assert state.quorum_id == 2
+
+
+def test_fast_quorum_same_id_and_admits_registered_joiners() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    decide_and_issue(state, clock)
+    state.heartbeat("x", clock.now())  # heartbeating newcomer: does not delay
+    ask(state, clock, "b")
+    assert decide_quorum(clock.now(), state, CFG).members is None
+    ask(state, clock, "a")
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b"])
+    assert state.quorum_id == 1
+    ask(state, clock, "c")  # joiner asks before the members do
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind == "fast" and "1 joiner" in d.reason
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+    assert state.quorum_id == 2
+
+
+def test_shrink_only_holds_newcomers_back_until_a_normal_quorum() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    decide_and_issue(state, clock)
+    ask(state, clock, "c")
+    ask(state, clock, "a", shrink_only=True)
+    ask(state, clock, "b")
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind == "fast" and "holds 1 newcomer" in d.reason
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b"])
+    assert list(state.pending) == ["c"]
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+
+
+def test_quorum_id_changes_on_commit_failures_only_when_membership_is_same() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    for _ in range(3):
+        ask(state, clock, "a")
+        ask(state, clock, "b")
+        decide_and_issue(state, clock)
+    assert state.quorum_id == 1
+    ask(state, clock, "a", commit_failures=1)
+    ask(state, clock, "b")
+    decide_and_issue(state, clock)
+    assert state.quorum_id == 2
+
+
+def test_withdrawn_request_is_never_put_into_a_quorum() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    for rid in "abc":
+        ask(state, clock, rid)
+    assert state.withdraw("a") and not state.withdraw("a")
+    kind, ids = decide_and_issue(state, clock, cfg)
+    assert ids == ["b", "c"]  # a is still live (a straggler), but never a member
+
+
+def test_repeated_ask_replaces_and_counts_once() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    ask(state, clock, "a", step=1)
+    ask(state, clock, "a", step=2)
+    assert len(state.pending) == 1 and state.pending["a"].member.step == 2
+
+
+def test_prune_keeps_pending_requesters_and_bounds_state() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    for i in range(1000):
+        state.heartbeat(f"dead{i}", clock.now())
+    ask(state, clock, "waiting")
+    clock.advance(10)
+    dead = state.prune(clock.now(), 5.0)
+    assert len(dead) == 1000
+    assert list(state.seen) == ["waiting"]  # open request is proof of life
+    assert state.live_count(clock.now(), 5.0) == 1
+
+
+def test_decision_reason_for_idle_and_shrink_with_no_previous_members() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    assert decide_quorum(clock.now(), state, CFG).kind == "idle"
+    ask(state, clock, "a")
+    ask(state, clock, "b")
+    decide_and_issue(state, clock)
+    state.forget("a")
+    state.forget("b")
+    ask(state, clock, "c", shrink_only=True)
+    ask(state, clock, "d")
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind == "shrink_empty" and d.members is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "msg"),
+    [
+        ({"min_replicas": 0}, "min_replicas must be >= 1, got 0"),
+        ({"join_timeout_s": -1}, "join_timeout_s must be >= 0"),
+        ({"heartbeat_timeout_s": 0}, "heartbeat_timeout_s must be > 0"),
+    ],
+)
+def test_config_rejects_bad_values(kw: dict[str, float], msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        QuorumConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_fake_clock_only_moves_forward() -> None:
+    clock = FakeClock(5.0)
+    assert clock.advance(1.5) == 6.5
+    with pytest.raises(ValueError, match="seconds must be >= 0, got -1"):
+        clock.advance(-1)
