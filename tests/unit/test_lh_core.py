@@ -36,7 +36,7 @@ def test_members_get_one_shared_payload_and_survivors_hear_of_a_death() -> None:
         q = wire.decode_lighthouse_quorum_response(await fa)
         assert q.replica_ids == ["a", "b"] and q.quorum_id == 2 and (await fb) is not None
         for rid in "ab":
-            epoch, notice = wire.decode_liveness_event(queues[rid].get_nowait())
+            _epoch, notice = wire.decode_liveness_event(queues[rid].get_nowait())
             assert notice is not None and notice.dead_replica_ids == ("c",)
             assert (notice.epoch, notice.quorum_id) == ("ep", 1)
         assert queues["c"].empty()

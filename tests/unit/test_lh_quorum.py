@@ -151,7 +151,7 @@ def test_withdrawn_request_is_never_put_into_a_quorum() -> None:
     for rid in "abc":
         ask(state, clock, rid)
     assert state.withdraw("a") and not state.withdraw("a")
-    kind, ids = decide_and_issue(state, clock, cfg)
+    _kind, ids = decide_and_issue(state, clock, cfg)
     assert ids == ["b", "c"]  # a is still live (a straggler), but never a member
 
 

@@ -1,0 +1,172 @@
+"""ManagerServer + ManagerClient over real gRPC on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from lighthouse import (
+    FailureNotice,
+    LighthouseServer,
+    LighthouseUnavailableError,
+    ManagerClient,
+    ManagerServer,
+    QuorumRejectedError,
+)
+from tests.integration.lh_fixtures import lighthouse
+
+pytestmark = pytest.mark.timeout(60)
+T = timedelta(seconds=10)
+
+
+@contextmanager
+def managers(lh: LighthouseServer, n: int, world_size: int, **kw: Any) -> Iterator[list[ManagerServer]]:
+    with ExitStack() as stack:
+        servers = []
+        for i in range(n):
+            ms = ManagerServer(f"rep{i}", lh.address(), bind="127.0.0.1:0",
+                               store_addr=f"127.0.0.1:{4000 + i}", world_size=world_size, **kw)
+            stack.callback(ms.shutdown)
+            servers.append(ms)
+        yield servers
+
+
+def in_threads(fns: list[Callable[[], Any]]) -> list[Any]:
+    """Run each fn on its own thread; results (or raised exceptions) in order."""
+    out: list[Any] = [None] * len(fns)
+
+    def run(i: int) -> None:
+        try:
+            out[i] = fns[i]()
+        except BaseException as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return out
+
+
+def test_local_ranks_gathered_into_one_lighthouse_call_each_gets_its_result() -> None:
+    with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=2) as ms:
+        calls = [
+            (lambda i=i, g=g: ManagerClient(ms[i].address()).quorum(g, 5 * i, f"meta{i}{g}", False, T))
+            for i in range(2) for g in range(2)
+        ]
+        r00, r01, r10, _r11 = in_threads(calls)
+        assert lh.status()["quorums_issued"] == 1  # one lighthouse request per group
+        assert (r00.replica_rank, r10.replica_rank, r00.replica_world_size) == (0, 1, 2)
+        assert r00.heal and r01.heal and not r10.heal
+        assert r00.recover_src_manager_address == ms[1].address()
+        assert r10.recover_dst_replica_ranks == [0]
+        assert r00.store_address == "127.0.0.1:4001" == r01.store_address
+        assert r00.epoch == lh.epoch and r00.replica_ids == ["rep0", "rep1"]
+        client = ManagerClient(ms[1].address())
+        assert client.checkpoint_metadata(1, T) == "meta11"
+        with pytest.raises(QuorumRejectedError, match="no metadata for group rank 7"):
+            client.checkpoint_metadata(7, T)
+
+
+def test_local_ranks_that_disagree_on_the_step_are_all_rejected() -> None:
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        c = ManagerClient(ms.address())
+        out = in_threads([lambda: c.quorum(0, 1, "", False, T), lambda: c.quorum(1, 2, "", False, T)])
+        for exc in out:
+            assert isinstance(exc, QuorumRejectedError)
+            assert "reported different steps" in str(exc) and "{0: 1, 1: 2}" in str(exc)
+
+
+def test_out_of_range_group_rank_is_refused() -> None:
+    with (
+        lighthouse() as lh,
+        managers(lh, 1, world_size=2) as (ms,),
+        pytest.raises(QuorumRejectedError, match=r"group_rank must be in \[0, 2\), got 5"),
+    ):
+        ManagerClient(ms.address()).quorum(5, 0, "", False, T)
+
+
+def test_a_failed_lighthouse_call_reaches_every_waiting_rank_at_once() -> None:
+    with lighthouse() as lh, managers(lh, 1, world_size=2,
+                                      connect_timeout=timedelta(milliseconds=500)) as (ms,):
+        lh.shutdown()
+        c = ManagerClient(ms.address())
+        start = time.monotonic()
+        out = in_threads([lambda g=g: c.quorum(g, 0, "", False, timedelta(seconds=30)) for g in range(2)])
+        assert time.monotonic() - start < 15  # far before the 30 s deadline
+        for exc in out:
+            assert isinstance(exc, LighthouseUnavailableError), exc
+            assert lh.address() in str(exc)
+
+
+def test_commit_vote_is_the_and_of_local_votes_and_stale_votes_are_refused() -> None:
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        c = ManagerClient(ms.address())
+        assert in_threads([lambda: c.should_commit(0, 0, True, T),
+                           lambda: c.should_commit(1, 0, False, T)]) == [False, False]
+        assert in_threads([lambda: c.should_commit(0, 0, True, T),
+                           lambda: c.should_commit(1, 0, True, T)]) == [True, True]
+        in_threads([lambda g=g: c.quorum(g, 5, "", False, T) for g in range(2)])
+        with pytest.raises(QuorumRejectedError, match="stale vote: group rank 0 voted for step 3"):
+            c.should_commit(0, 3, True, T)
+
+
+def test_kill_runs_the_kill_hook() -> None:
+    killed = threading.Event()
+    with lighthouse() as lh, managers(lh, 1, world_size=1, on_kill=lambda msg: killed.set()) as (ms,):
+        ManagerClient(ms.address()).kill("from a test")
+        assert killed.wait(5)
+
+
+def test_survivors_subscribers_hear_of_a_dead_member_and_next_quorum_excludes_it() -> None:
+    with lighthouse(min_replicas=2) as lh, managers(lh, 3, world_size=1) as ms:
+        clients = [ManagerClient(m.address()) for m in ms]
+        got: list[FailureNotice] = []
+        heard = threading.Event()
+        sub = clients[0].subscribe_failures(lambda n: (got.append(n), heard.set()))
+        try:
+            assert sub.wait_ready(T)
+            first = in_threads([lambda c=c: c.quorum(0, 1, "", False, T) for c in clients])
+            assert first[0].replica_world_size == 3
+            ms[2].shutdown()
+            assert heard.wait(5)
+            assert got[0].dead_replica_ids == ("rep2",)
+            assert (got[0].epoch, got[0].quorum_id) == (lh.epoch, first[0].quorum_id)
+            second = in_threads([lambda c=c: c.quorum(0, 2, "", False, T) for c in clients[:2]])
+            assert second[0].replica_ids == ["rep0", "rep1"]
+            assert second[0].quorum_id == first[0].quorum_id + 1
+        finally:
+            sub.cancel()
+
+
+def test_manager_server_survives_a_lighthouse_restart() -> None:
+    lh1 = LighthouseServer(bind="127.0.0.1:0")
+    bind = lh1.address()
+    with ExitStack() as stack:
+        stack.callback(lh1.shutdown)
+        ms = ManagerServer("rep0", bind, bind="127.0.0.1:0", world_size=1,
+                           connect_timeout=timedelta(seconds=5))
+        stack.callback(ms.shutdown)
+        c = ManagerClient(ms.address())
+        r1 = c.quorum(0, 1, "", False, T)
+        lh1.shutdown()
+        lh2 = LighthouseServer(bind=bind)
+        stack.callback(lh2.shutdown)
+        r2 = c.quorum(0, 2, "", False, T)
+        assert (r1.epoch, r2.epoch) == (lh1.epoch, lh2.epoch)
+
+
+def test_unreachable_lighthouse_fails_manager_server_construction() -> None:
+    with lighthouse() as lh:
+        addr = lh.address()
+    with pytest.raises(LighthouseUnavailableError, match=addr):
+        ManagerServer("rep0", addr, bind="127.0.0.1:0", connect_timeout=timedelta(milliseconds=300))
+    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+        ManagerServer("rep0", addr, world_size=0)
