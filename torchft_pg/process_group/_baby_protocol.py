@@ -97,6 +97,24 @@ def encode_options(opts: Any) -> Any:
     name = type(opts).__name__
     if name not in _OPTION_FIELDS:
         return opts
+    key = (name, *(_plain(getattr(opts, f)) for f in _OPTION_FIELDS[name][1]))
+    cached = _ENCODED_OPTIONS.get(key)
+    if cached is None:
+        cached = _ENCODED_OPTIONS[key] = _encode_options(opts, name)
+    return cached
+
+
+def _plain(value: Any) -> Any:
+    # ReduceOp objects are not hashable; their type code is.
+    return int(value.op if isinstance(value, ReduceOp) else value) if isinstance(
+        value, (ReduceOp, ReduceOp.RedOpType)
+    ) else value
+
+
+_ENCODED_OPTIONS: dict[tuple[Any, ...], Any] = {}
+
+
+def _encode_options(opts: Any, name: str) -> Any:
     _, fields = _OPTION_FIELDS[name]
     values = {}
     for f in fields:

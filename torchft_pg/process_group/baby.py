@@ -40,13 +40,34 @@ CHILD_START_TIMEOUT = timedelta(seconds=120)  # a cold `import torch` can take t
 
 
 class _PendingOp:
-    __slots__ = ("done", "encoded", "error", "future")
+    """One op in flight. `_released` is acquired until the op completes: waiting on
+    a bare lock is cheaper than on a threading.Event (a Condition underneath)."""
 
-    def __init__(self, encoded: proto.EncodedArgs, outputs: Any) -> None:
+    __slots__ = ("_released", "encoded", "error", "future")
+
+    def __init__(self, encoded: proto.EncodedArgs) -> None:
         self.encoded = encoded
         self.future: Future[Any] = Future()
-        self.done = threading.Event()
         self.error: Exception | None = None
+        self._released = threading.Lock()
+        self._released.acquire()
+
+    def finish(self, error: Exception | None) -> None:
+        self.error = error
+        self._released.release()
+        if error is None:
+            self.future.set_result(self.encoded.outputs)
+        else:
+            self.future.set_exception(error)
+
+    def wait(self, seconds: float) -> bool:
+        if self._released.acquire(timeout=seconds):
+            self._released.release()  # let later waiters through too
+            return True
+        return False
+
+    def is_done(self) -> bool:
+        return not self._released.locked()
 
 
 class _ChildProcess:
@@ -68,7 +89,7 @@ class _ChildProcess:
         child_sock.close()
         self.registry = proto.SharedStorageRegistry()
         self._send_lock = threading.Lock()
-        self._lock = threading.Lock()
+        # Single dict operations are atomic under the GIL: no lock on the hot path.
         self._pending: dict[int, _PendingOp] = {}
         self._ids = itertools.count()
         self._ready = threading.Event()
@@ -107,8 +128,7 @@ class _ChildProcess:
         self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) exited with code {code}"))
 
     def _complete(self, op_id: int, error: str | None, results: list[bytes]) -> None:
-        with self._lock:
-            op = self._pending.pop(op_id, None)
+        op = self._pending.pop(op_id, None)
         if op is None:
             return
         if error is None:
@@ -116,25 +136,19 @@ class _ChildProcess:
                 proto.copy_results(op.encoded, results)
             except Exception as e:
                 error = f"copying results failed: {e}"
-        if error is None:
-            op.done.set()
-            op.future.set_result(op.encoded.outputs)
-        else:
-            op.error = ProcessGroupError(f"Baby PG collective failed in child (pid {self.pid}): {error}")
-            op.done.set()
-            op.future.set_exception(op.error)
+        op.finish(
+            None if error is None
+            else ProcessGroupError(f"Baby PG collective failed in child (pid {self.pid}): {error}")
+        )
 
     def _die(self, error: Exception) -> None:
         if self.dead is None:
             self.dead = error
         self._ready.set()
         self._configured.set()
-        with self._lock:
-            pending, self._pending = self._pending, {}
+        pending, self._pending = self._pending, {}
         for op in pending.values():
-            op.error = self.dead
-            op.done.set()
-            op.future.set_exception(self.dead)
+            op.finish(self.dead)
 
     def _send(self, message: Any, fds: list[int] | None = None) -> None:
         if self.dead is not None:
@@ -161,17 +175,17 @@ class _ChildProcess:
             torch.cuda.current_stream().synchronize()  # the child reads on its own stream
         spec, encoded = proto.encode_args(args, self.registry, proto.INLINE_MAX_BYTES)
         encoded.outputs = outputs
-        op = _PendingOp(encoded, outputs)
+        op = _PendingOp(encoded)
         op_id = next(self._ids)
-        with self._lock:
-            self._pending[op_id] = op
+        self._pending[op_id] = op
         forget, self.registry.forget = self.registry.forget, []
         try:
             self._send(("op", op_id, name, spec, encoded.inline_bytes, forget), encoded.fds)
         except Exception:
-            with self._lock:
-                self._pending.pop(op_id, None)
+            self._pending.pop(op_id, None)
             raise
+        if self.dead is not None and self._pending.pop(op_id, None) is not None:
+            op.finish(self.dead)  # the child died between our insert and _die's sweep
         return _BabyWork(op, timeout, self.pid)
 
     def kill(self) -> None:
@@ -217,7 +231,7 @@ class _BabyWork(Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         limit = timeout or self._timeout
-        if not self._op.done.wait(limit.total_seconds()):
+        if not self._op.wait(limit.total_seconds()):
             raise ProcessGroupTimeoutError(f"Baby PG collective (child pid {self._pid}) timed out after {limit}")
         if self._op.error is not None:
             raise self._op.error
@@ -227,7 +241,7 @@ class _BabyWork(Work):
         return self._op.future
 
     def is_completed(self) -> bool:
-        return self._op.done.is_set()
+        return self._op.is_done()
 
 
 def _is_cuda(value: Any) -> bool:

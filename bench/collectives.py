@@ -1,0 +1,158 @@
+"""Collective speed and configure latency: raw torch Gloo vs our Gloo vs our BabyGloo.
+
+Two processes on 127.0.0.1 run allreduce at 4 KiB, 256 KiB, 4 MiB and 64 MiB,
+alternating the three variants round by round so machine noise hits all of
+them alike; then `configure` latency over repeated reconfigurations at world
+sizes 2 and 4. Prints a table and, last, one JSON line with ratios to raw Gloo
+measured in the same run.
+
+    .venv/bin/python bench/collectives.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.multiproc import RankContext, run_ranks  # noqa: E402
+
+SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
+ITERS = {"4KiB": 300, "256KiB": 60, "4MiB": 12, "64MiB": 3}
+
+
+def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
+    import torch
+    import torch.distributed as dist
+
+    from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+
+    rounds, quick = ctx.args
+    dist.init_process_group("gloo", store=dist.PrefixStore("raw", ctx.store), rank=ctx.rank,
+                            world_size=ctx.world_size, timeout=timedelta(seconds=60))
+    ours = ProcessGroupGloo(timeout=timedelta(seconds=60))
+    ours.configure(ctx.addr("ours"), ctx.rank, ctx.world_size)
+    baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
+    baby.configure(ctx.addr("baby"), ctx.rank, ctx.world_size)
+    variants = {
+        "raw": lambda t: dist.all_reduce(t),
+        "gloo": lambda t: ours.allreduce([t]).wait(),
+        "baby": lambda t: baby.allreduce([t]).wait(),
+    }
+    out: dict[str, dict[str, list[float]]] = {v: {s: [] for s in SIZES} for v in variants}
+    for size_name, nbytes in SIZES.items():
+        t = torch.ones(nbytes // 4)
+        iters = max(1, ITERS[size_name] // (4 if quick else 1))
+        for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
+            fn(t)
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                ctx.barrier(f"{size_name}/{name}/{len(out[name][size_name])}")
+                samples = []
+                for _ in range(iters):
+                    start = time.perf_counter()
+                    fn(t)
+                    samples.append(time.perf_counter() - start)
+                out[name][size_name].append(statistics.median(samples))
+    baby.shutdown()
+    ours.shutdown()
+    dist.destroy_process_group()
+    return out
+
+
+def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
+    from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+
+    kind, count = ctx.args
+    pg: Any = (
+        ProcessGroupGloo(timeout=timedelta(seconds=30))
+        if kind == "gloo"
+        else ProcessGroupBabyGloo(timeout=timedelta(seconds=30), warm_spare=False)
+    )
+    import torch
+
+    pg.configure(ctx.addr(f"{kind}/warm"), ctx.rank, ctx.world_size)  # first: child start-up
+    times = []
+    for i in range(count):
+        ctx.barrier(f"cfg/{kind}/{i}")
+        start = time.perf_counter()
+        pg.configure(ctx.addr(f"{kind}/{i}"), ctx.rank, ctx.world_size)
+        times.append(time.perf_counter() - start)
+        pg.allreduce([torch.ones(1)]).wait()  # the new group really works
+    pg.shutdown()
+    return {"times": times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else 5
+    reconfigs = 20 if args.quick else 100
+
+    results = run_ranks(_allreduce_rounds, 2, rounds, args.quick, timeout=600)
+    r0 = results[0]
+    med = {v: {s: statistics.median(r0[v][s]) for s in SIZES} for v in r0}
+
+    print(f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; bus GB/s = 2(n-1)/n * bytes / t)")
+    print(f"{'size':>8} | {'raw gloo':>18} | {'torchft_pg Gloo':>24} | {'torchft_pg BabyGloo':>24}")
+    report: dict[str, Any] = {"allreduce": {}}
+    for s, nbytes in SIZES.items():
+        cells = []
+        for v in ("raw", "gloo", "baby"):
+            t = med[v][s]
+            gbps = nbytes / t / 1e9  # 2(n-1)/n == 1 for n = 2
+            ratio = med["raw"][s] / t
+            cells.append(f"{t * 1e3:8.3f} ms {gbps:5.2f}" + ("" if v == "raw" else f" ({ratio:4.2f}x)"))
+        print(f"{s:>8} | {cells[0]:>18} | {cells[1]:>24} | {cells[2]:>24}")
+        report["allreduce"][s] = {
+            "raw_ms": med["raw"][s] * 1e3,
+            "gloo_ms": med["gloo"][s] * 1e3,
+            "baby_ms": med["baby"][s] * 1e3,
+            "gloo_bw_ratio": med["raw"][s] / med["gloo"][s],
+            "baby_bw_ratio": med["raw"][s] / med["baby"][s],
+            "gloo_extra_us": (med["gloo"][s] - med["raw"][s]) * 1e6,
+            "baby_extra_us": (med["baby"][s] - med["raw"][s]) * 1e6,
+        }
+
+    print(f"\nconfigure latency ({reconfigs} reconfigurations each, max over ranks per configure)")
+    print(f"{'backend':>10} {'world':>5} | {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} | >1 s")
+    report["configure"] = {}
+    for kind in ("gloo", "baby"):
+        for world in (2, 4):
+            per_rank = run_ranks(_configure_latency, world, kind, reconfigs, timeout=600)
+            worst = [max(r["times"][i] for r in per_rank) for i in range(reconfigs)]
+            worst_sorted = sorted(worst)
+            p50 = statistics.median(worst) * 1e3
+            p90 = worst_sorted[int(0.9 * (len(worst) - 1))] * 1e3
+            mx = worst_sorted[-1] * 1e3
+            slow = sum(1 for w in worst if w > 1.0)
+            print(f"{kind:>10} {world:>5} | {p50:8.2f} {p90:8.2f} {mx:8.2f} | {slow}")
+            report["configure"][f"{kind}_ws{world}"] = {"p50_ms": p50, "p90_ms": p90, "max_ms": mx, "over_1s": slow}
+
+    small = report["allreduce"]["4KiB"]
+    report["targets"] = {
+        "gloo_bw_ratio_ge_0.97_at_256KiB_plus": all(
+            report["allreduce"][s]["gloo_bw_ratio"] >= 0.97 for s in ("256KiB", "4MiB", "64MiB")
+        ),
+        "gloo_extra_small_op_le_50us": small["gloo_extra_us"] <= 50,
+        "baby_extra_small_op_le_300us": small["baby_extra_us"] <= 300,
+        "baby_bw_ratio_ge_0.9_at_64MiB": report["allreduce"]["64MiB"]["baby_bw_ratio"] >= 0.9,
+        "gloo_configure_ws2_le_10ms": report["configure"]["gloo_ws2"]["p50_ms"] <= 10,
+        "gloo_configure_ws4_le_25ms": report["configure"]["gloo_ws4"]["p50_ms"] <= 25,
+        "baby_configure_le_200ms": max(report["configure"][f"baby_ws{w}"]["p50_ms"] for w in (2, 4)) <= 200,
+        "no_multisecond_outliers": all(c["over_1s"] == 0 for c in report["configure"].values()),
+    }
+    print()
+    print(json.dumps({"bench": "collectives", **report}))
+
+
+if __name__ == "__main__":
+    main()
