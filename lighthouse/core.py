@@ -56,6 +56,7 @@ class LighthouseCore:
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
+        self._last_wait_log = clock.now()
 
     # -- requests ----------------------------------------------------------------------
     def request(self, member: QuorumMember) -> asyncio.Future[bytes]:
@@ -140,6 +141,10 @@ class LighthouseCore:
             self._declared_dead(dead, f"no heartbeat for {self.config.heartbeat_timeout_s:g} s")
         else:
             self.evaluate()
+        now = self.clock.now()
+        if self.decision.members is None and self.state.pending and now - self._last_wait_log >= 5.0:
+            self._last_wait_log = now
+            log.info("still waiting: %s", self.decision.reason)
 
     def evaluate(self) -> None:
         """Run the rules once; issue and deliver a quorum if they say so."""

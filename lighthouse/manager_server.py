@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -117,7 +118,8 @@ class ManagerServer:
         self._last_quorum_step = -1
         self._metadata: dict[int, str] = {}
         self._subscribers: set[asyncio.Queue[bytes]] = set()
-        self.lighthouse_epoch = ""
+        self.lighthouse_epoch = ""  # epoch of the lighthouse our liveness stream is open to
+        self._epoch_cond = threading.Condition()
         self._stopped = False
         self._tasks: list[asyncio.Task[None]] = []
         self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
@@ -162,6 +164,17 @@ class ManagerServer:
         """``host:port`` of this manager server, as advertised to peers."""
         return join_host_port(self._host, self._port)
 
+    def wait_liveness(self, timeout: timedelta, epoch: str | None = None) -> bool:
+        """Wait until the liveness stream is open (to lighthouse ``epoch`` if given).
+
+        False if ``timeout`` passed first.
+        """
+        with self._epoch_cond:
+            return self._epoch_cond.wait_for(
+                lambda: self.lighthouse_epoch != "" and epoch in (None, self.lighthouse_epoch),
+                timeout=timeout.total_seconds(),
+            )
+
     async def _stop(self) -> None:
         for t in self._tasks:
             t.cancel()
@@ -199,7 +212,9 @@ class ManagerServer:
                 epoch, _ = wire.decode_liveness_event(ack)
                 if epoch != self.lighthouse_epoch:
                     log.info("%s: liveness stream open to lighthouse epoch %s", self.replica_id, epoch)
-                self.lighthouse_epoch = epoch
+                with self._epoch_cond:
+                    self.lighthouse_epoch = epoch
+                    self._epoch_cond.notify_all()
                 backoff = 0.05
                 pinger = asyncio.get_running_loop().create_task(self._ping(call, ping))
                 while True:

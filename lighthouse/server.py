@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from lighthouse import validate, wire
-from lighthouse._loop import background_loop, run_sync
+from lighthouse._loop import run_sync
 from lighthouse.clock import Clock, MonotonicClock
 from lighthouse.core import LighthouseCore, SupersededError
 from lighthouse.quorum import (
@@ -295,7 +295,3 @@ class LighthouseServer:
                 raise ValueError(f"replica_id must stay {rid!r} on one liveness stream, got {got!r}")
             self.core.heartbeat(rid)
 
-
-def ensure_loop() -> None:
-    """Start the background loop early (optional; servers start it on demand)."""
-    background_loop()

@@ -161,6 +161,9 @@ def test_manager_server_survives_a_lighthouse_restart() -> None:
         stack.callback(lh2.shutdown)
         r2 = c.quorum(0, 2, "", False, T)
         assert (r1.epoch, r2.epoch) == (lh1.epoch, lh2.epoch)
+        assert ms.wait_liveness(T, epoch=lh2.epoch)  # the liveness stream reconnected too
+        live = {r["replica_id"]: r for r in lh2.status()["live"]}
+        assert live["rep0"]["liveness_streams"] == 1
 
 
 def test_unreachable_lighthouse_fails_manager_server_construction() -> None:
