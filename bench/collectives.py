@@ -22,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.multiproc import RankContext, run_ranks  # noqa: E402
+from tests.multiproc import RankContext, run_ranks
 
 SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
 ITERS = {"4KiB": 300, "256KiB": 60, "4MiB": 12, "64MiB": 3}
@@ -35,8 +35,13 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
     from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
 
     rounds, quick = ctx.args
-    dist.init_process_group("gloo", store=dist.PrefixStore("raw", ctx.store), rank=ctx.rank,
-                            world_size=ctx.world_size, timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("raw", ctx.store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=timedelta(seconds=60),
+    )
     ours = ProcessGroupGloo(timeout=timedelta(seconds=60))
     ours.configure(ctx.addr("ours"), ctx.rank, ctx.world_size)
     baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
@@ -101,7 +106,9 @@ def main() -> None:
     r0 = results[0]
     med = {v: {s: statistics.median(r0[v][s]) for s in SIZES} for v in r0}
 
-    print(f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; bus GB/s = 2(n-1)/n * bytes / t)")
+    print(
+        f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; bus GB/s = 2(n-1)/n * bytes / t)"
+    )
     print(f"{'size':>8} | {'raw gloo':>18} | {'torchft_pg Gloo':>24} | {'torchft_pg BabyGloo':>24}")
     report: dict[str, Any] = {"allreduce": {}}
     for s, nbytes in SIZES.items():
@@ -110,7 +117,9 @@ def main() -> None:
             t = med[v][s]
             gbps = nbytes / t / 1e9  # 2(n-1)/n == 1 for n = 2
             ratio = med["raw"][s] / t
-            cells.append(f"{t * 1e3:8.3f} ms {gbps:5.2f}" + ("" if v == "raw" else f" ({ratio:4.2f}x)"))
+            cells.append(
+                f"{t * 1e3:8.3f} ms {gbps:5.2f}" + ("" if v == "raw" else f" ({ratio:4.2f}x)")
+            )
         print(f"{s:>8} | {cells[0]:>18} | {cells[1]:>24} | {cells[2]:>24}")
         report["allreduce"][s] = {
             "raw_ms": med["raw"][s] * 1e3,
@@ -135,7 +144,12 @@ def main() -> None:
             mx = worst_sorted[-1] * 1e3
             slow = sum(1 for w in worst if w > 1.0)
             print(f"{kind:>10} {world:>5} | {p50:8.2f} {p90:8.2f} {mx:8.2f} | {slow}")
-            report["configure"][f"{kind}_ws{world}"] = {"p50_ms": p50, "p90_ms": p90, "max_ms": mx, "over_1s": slow}
+            report["configure"][f"{kind}_ws{world}"] = {
+                "p50_ms": p50,
+                "p90_ms": p90,
+                "max_ms": mx,
+                "over_1s": slow,
+            }
 
     small = report["allreduce"]["4KiB"]
     report["targets"] = {
@@ -147,7 +161,8 @@ def main() -> None:
         "baby_bw_ratio_ge_0.9_at_64MiB": report["allreduce"]["64MiB"]["baby_bw_ratio"] >= 0.9,
         "gloo_configure_ws2_le_10ms": report["configure"]["gloo_ws2"]["p50_ms"] <= 10,
         "gloo_configure_ws4_le_25ms": report["configure"]["gloo_ws4"]["p50_ms"] <= 25,
-        "baby_configure_le_200ms": max(report["configure"][f"baby_ws{w}"]["p50_ms"] for w in (2, 4)) <= 200,
+        "baby_configure_le_200ms": max(report["configure"][f"baby_ws{w}"]["p50_ms"] for w in (2, 4))
+        <= 200,
         "no_multisecond_outliers": all(c["over_1s"] == 0 for c in report["configure"].values()),
     }
     print()

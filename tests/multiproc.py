@@ -44,7 +44,10 @@ class RankContext:
         """A client of the test's TCPStore, for barriers between ranks."""
         if self._store is None:
             self._store = TCPStore(
-                "127.0.0.1", self.store_port, is_master=False, timeout=timedelta(seconds=60),
+                "127.0.0.1",
+                self.store_port,
+                is_master=False,
+                timeout=timedelta(seconds=60),
                 wait_for_workers=False,
             )
         return self._store
@@ -73,7 +76,9 @@ class RankFailed(AssertionError):
 
 @contextmanager
 def store_server() -> Iterator[TCPStore]:
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
     try:
         yield store
     finally:

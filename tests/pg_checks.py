@@ -29,7 +29,9 @@ def _eq(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
     assert torch.equal(got, want), f"{name}: got {got.tolist()}, want {want.tolist()}"
 
 
-def check_collectives(pg: ProcessGroup, device: torch.device, skip: set[str] | None = None) -> list[str]:
+def check_collectives(
+    pg: ProcessGroup, device: torch.device, skip: set[str] | None = None
+) -> list[str]:
     """Run each collective once on `pg`; return the names checked."""
     skip = skip or set()
     rank, world = pg.rank(), pg.size()

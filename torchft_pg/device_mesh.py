@@ -15,7 +15,9 @@ from torchft_pg.process_group.base import ProcessGroup
 __all__ = ["extend_device_mesh"]
 
 
-def extend_device_mesh(mesh: DeviceMesh, pg: ProcessGroup, name: str = "dp", dim: int = 0) -> DeviceMesh:
+def extend_device_mesh(
+    mesh: DeviceMesh, pg: ProcessGroup, name: str = "dp", dim: int = 0
+) -> DeviceMesh:
     """Return a mesh like `mesh` with `pg` inserted as dimension `dim`, named `name`.
 
     `pg` is registered with c10d under `name` if it is not yet (see

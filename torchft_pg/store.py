@@ -23,7 +23,9 @@ __all__ = ["StoreAddress", "create_store_client", "parse_store_address"]
 
 _DEFAULT_TIMEOUT = timedelta(seconds=60)
 # host:port/prefix where host is a name, an IPv4 literal or a bracketed IPv6 literal.
-_ADDRESS = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)(?:/(?P<prefix>.*))?$")
+_ADDRESS = re.compile(
+    r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)(?:/(?P<prefix>.*))?$"
+)
 
 
 @dataclass(frozen=True)

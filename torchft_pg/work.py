@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work, _create_work_from_future
+from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
 __all__ = ["ErrorSwallowingWork", "completed_future", "completed_work"]

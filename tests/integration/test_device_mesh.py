@@ -15,8 +15,12 @@ from torchft_pg.device_mesh import extend_device_mesh
 
 
 def _extend(ctx: RankContext) -> dict[str, object]:
-    dist.init_process_group("gloo", store=dist.PrefixStore("default", ctx.store), rank=ctx.rank,
-                            world_size=ctx.world_size)
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore("default", ctx.store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+    )
     mesh = init_device_mesh("cpu", (ctx.world_size,), mesh_dim_names=("shard",))
     pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
     pg.configure(ctx.addr("mesh/0"), ctx.rank, ctx.world_size)

@@ -69,7 +69,7 @@ def test_baby_collectives_shared_memory_and_child_reuse() -> None:
         assert r["big_ok"] and r["strided_ok"]
         assert r["future_value"] == [[2.0, 2.0, 2.0]]  # the future yields the tensors
         assert r["same_child"]
-        assert r["reconfigure_s"] < 2.0  # no interpreter start (torchft: 3.6–7 s)
+        assert r["reconfigure_s"] < 2.0  # no interpreter start (torchft: 3.6-7 s)
         assert r["again"] == [2.0, 2.0]
         assert r["child_gone"]
 

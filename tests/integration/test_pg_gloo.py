@@ -54,7 +54,9 @@ def _torch_distributed_functions(ctx: RankContext) -> dict[str, object]:
     data = bytes(range(5)) * 3
     if ctx.rank == 0:
         dist.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), group_dst=1, group=pg)
-        handle = dist.isend(torch.frombuffer(bytearray(data[::-1]), dtype=torch.uint8), group_dst=1, group=pg)
+        handle = dist.isend(
+            torch.frombuffer(bytearray(data[::-1]), dtype=torch.uint8), group_dst=1, group=pg
+        )
         assert handle is not None
         handle.wait()
     else:
@@ -205,7 +207,10 @@ def _register(ctx: RankContext) -> list[float]:
     import torch.distributed._functional_collectives as funcol
 
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore("default", ctx.store), rank=ctx.rank, world_size=ctx.world_size
+        "gloo",
+        store=dist.PrefixStore("default", ctx.store),
+        rank=ctx.rank,
+        world_size=ctx.world_size,
     )
     pg = ProcessGroupGloo(timeout=timedelta(seconds=10))
     pg.configure(ctx.addr("reg/0"), ctx.rank, ctx.world_size)
@@ -248,8 +253,13 @@ def _swallow_peer_death(ctx: RankContext) -> dict[str, object]:
     after = torch.ones(1)
     pg.allreduce([after]).wait()
     pg.shutdown()
-    return {"waits": waits, "skipped": skipped, "untouched": untouched.item(), "error": error,
-            "cleared": after.item()}
+    return {
+        "waits": waits,
+        "skipped": skipped,
+        "untouched": untouched.item(),
+        "error": error,
+        "cleared": after.item(),
+    }
 
 
 def test_error_swallowing_over_gloo_survives_a_dead_peer() -> None:

@@ -11,11 +11,14 @@ import torch
 
 from tests.multiproc import RankContext, run_ranks
 from tests.pg_checks import check_collectives
+from torchft_pg.errors import ProcessGroupAbortedError
 
 pytestmark = pytest.mark.gpu
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-needs_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA device (none here); run on a GPU machine")
+needs_gpu = pytest.mark.skipif(
+    GPUS < 1, reason="needs a CUDA device (none here); run on a GPU machine"
+)
 
 
 def _nccl(ctx: RankContext) -> list[str]:
@@ -33,7 +36,7 @@ def _nccl(ctx: RankContext) -> list[str]:
         pid = pg.child_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        with pytest.raises(Exception):
+        with pytest.raises(ProcessGroupAbortedError):
             pg.allreduce([torch.ones(1, device=device)]).wait()
         pg.configure(ctx.addr("nccl/baby/after-kill"), ctx.rank, ctx.world_size)
         t = torch.ones(1, device=device)

@@ -13,7 +13,9 @@ from torchft_pg.process_group import _baby_protocol as proto
 def _round_trip(args: tuple[object, ...]) -> tuple[object, proto.EncodedArgs, list[torch.Tensor]]:
     registry = proto.SharedStorageRegistry()
     spec, encoded = proto.encode_args(args, registry, proto.INLINE_MAX_BYTES)
-    decoded, inline = proto.ChildTensors().decode(spec, encoded.inline_bytes, [os.dup(fd) for fd in encoded.fds])  # SCM_RIGHTS duplicates fds
+    decoded, inline = proto.ChildTensors().decode(
+        spec, encoded.inline_bytes, [os.dup(fd) for fd in encoded.fds]
+    )  # SCM_RIGHTS duplicates fds
     return decoded, encoded, inline
 
 
@@ -28,7 +30,11 @@ def test_options_survive_the_trip() -> None:
 
 
 def test_small_tensors_travel_inline_and_results_come_back() -> None:
-    caller = [torch.arange(4, dtype=torch.float32), torch.tensor([True, False]), torch.ones(2, dtype=torch.bfloat16)]
+    caller = [
+        torch.arange(4, dtype=torch.float32),
+        torch.tensor([True, False]),
+        torch.ones(2, dtype=torch.bfloat16),
+    ]
     (decoded,), encoded, inline = _round_trip((caller,))  # type: ignore[misc]
     assert [t.tolist() for t in decoded] == [t.tolist() for t in caller]
     assert not encoded.fds

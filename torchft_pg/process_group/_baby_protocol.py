@@ -105,10 +105,10 @@ def encode_options(opts: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
-    # ReduceOp objects are not hashable; their type code is.
-    return int(value.op if isinstance(value, ReduceOp) else value) if isinstance(
-        value, (ReduceOp, ReduceOp.RedOpType)
-    ) else value
+    # ReduceOp objects are not hashable; their names are.
+    if isinstance(value, (ReduceOp, ReduceOp.RedOpType)):
+        return _reduce_op_name(value)
+    return value
 
 
 _ENCODED_OPTIONS: dict[tuple[Any, ...], Any] = {}
@@ -138,7 +138,7 @@ def decode_options(value: Any) -> Any:
 
 
 def _reduce_op_name(op: Any) -> str:
-    op_type = op.op if isinstance(op, ReduceOp) and hasattr(op, "op") else op
+    op_type = getattr(op, "op", op)
     return str(op_type).split(".")[-1]
 
 
@@ -185,7 +185,9 @@ class EncodedArgs:
         self.outputs: Any = None  # what the op's future yields
 
 
-def encode_args(args: Any, registry: SharedStorageRegistry, inline_budget: int) -> tuple[Any, EncodedArgs]:
+def encode_args(
+    args: Any, registry: SharedStorageRegistry, inline_budget: int
+) -> tuple[Any, EncodedArgs]:
     out = EncodedArgs()
     budget = [inline_budget]
 
@@ -212,7 +214,9 @@ def _encode_tensor(
     if nbytes <= budget[0]:
         budget[0] -= nbytes
         out.inline_tensors.append(t)
-        out.inline_bytes.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if nbytes else b"")
+        out.inline_bytes.append(
+            t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if nbytes else b""
+        )
         return ("inline", len(out.inline_tensors) - 1, t.dtype, tuple(t.shape))
     target = t
     if not t.is_contiguous():
@@ -228,8 +232,16 @@ def _encode_tensor(
     if not known:
         out.fds.append(fd)
         fd_index = len(out.fds) - 1
-    return ("shm", key, fd_index, size, target.dtype, tuple(target.shape), tuple(target.stride()),
-            target.storage_offset())
+    return (
+        "shm",
+        key,
+        fd_index,
+        size,
+        target.dtype,
+        tuple(target.shape),
+        tuple(target.stride()),
+        target.storage_offset(),
+    )
 
 
 def copy_results(encoded: EncodedArgs, results: list[bytes]) -> None:
@@ -252,7 +264,9 @@ class ChildTensors:
         for k in keys:
             self._storages.pop(k, None)
 
-    def decode(self, args: Any, inline: list[bytes], fds: list[int]) -> tuple[Any, list[torch.Tensor]]:
+    def decode(
+        self, args: Any, inline: list[bytes], fds: list[int]
+    ) -> tuple[Any, list[torch.Tensor]]:
         inline_tensors: list[torch.Tensor] = []
 
         def walk(v: Any) -> Any:
@@ -271,7 +285,9 @@ class ChildTensors:
             os.close(fd)
         return decoded, inline_tensors
 
-    def _tensor(self, spec: Any, inline: list[bytes], fds: list[int], inline_tensors: list[torch.Tensor]) -> torch.Tensor:
+    def _tensor(
+        self, spec: Any, inline: list[bytes], fds: list[int], inline_tensors: list[torch.Tensor]
+    ) -> torch.Tensor:
         kind = spec[0]
         if kind == "inline":
             _, index, dtype, shape = spec
@@ -290,13 +306,16 @@ class ChildTensors:
         if storage is None:
             if fd_index < 0:
                 raise RuntimeError(f"Baby PG child lost shared storage {key}")
-            storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fds[fd_index]), size)
+            storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fds[fd_index]), size)  # type: ignore[attr-defined]
             self._storages[key] = storage
         return torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
 
 
 def inline_results(tensors: list[torch.Tensor]) -> list[bytes]:
-    return [t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"" for t in tensors]
+    return [
+        t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        for t in tensors
+    ]
 
 
 def timeout_seconds(timeout: timedelta) -> float:

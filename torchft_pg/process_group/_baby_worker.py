@@ -8,6 +8,7 @@ parent's socket closes (the parent died or shut it down).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -41,10 +42,8 @@ class _Child:
 
         if self._pg is not None:
             holder, self._pg = [self._pg], None
-            try:
+            with contextlib.suppress(Exception):  # a broken backend may refuse to abort
                 holder[0].abort()
-            except Exception:
-                pass
             _reaper.retire(holder)
         timeout = timedelta(seconds=timeout_s)
         store = create_store_client(store_addr, timeout)

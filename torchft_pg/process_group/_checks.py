@@ -17,7 +17,7 @@ def allreduce_options(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType) ->
         return opts
     if isinstance(opts, (ReduceOp, ReduceOp.RedOpType)):
         out = AllreduceOptions()
-        out.reduceOp = opts
+        out.reduceOp = opts if isinstance(opts, ReduceOp) else ReduceOp(opts)
         return out
     raise TypeError(f"allreduce opts must be AllreduceOptions or ReduceOp, got {opts!r}")
 
@@ -55,7 +55,9 @@ def root_rank(op: str, root: int, world_size: int) -> None:
         raise ValueError(f"{op}: root rank must be in [0, {world_size}), got {root}")
 
 
-def split_sizes(op: str, name: str, sizes: Sequence[int], tensor: torch.Tensor, world_size: int) -> None:
+def split_sizes(
+    op: str, name: str, sizes: Sequence[int], tensor: torch.Tensor, world_size: int
+) -> None:
     if len(sizes) == 0:
         if tensor.dim() == 0 or tensor.size(0) % world_size != 0:
             raise ValueError(
@@ -65,4 +67,6 @@ def split_sizes(op: str, name: str, sizes: Sequence[int], tensor: torch.Tensor, 
     if len(sizes) != world_size:
         raise ValueError(f"{op}: {name} must have {world_size} entries, got {len(sizes)}")
     if sum(sizes) != tensor.size(0):
-        raise ValueError(f"{op}: {name} sum to {sum(sizes)} but the tensor has {tensor.size(0)} rows")
+        raise ValueError(
+            f"{op}: {name} sum to {sum(sizes)} but the tensor has {tensor.size(0)} rows"
+        )

@@ -13,10 +13,12 @@ are copied through the socket. CUDA tensors travel as IPC handles.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -78,10 +80,18 @@ class _ChildProcess:
         self._sock, child_sock = proto.socket_pair()
         env = dict(os.environ)
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(torchft_pg.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torchft_pg.process_group._baby_worker", str(child_sock.fileno()),
-             backend, "none" if device_index is None else str(device_index)],
+            [
+                sys.executable,
+                "-m",
+                "torchft_pg.process_group._baby_worker",
+                str(child_sock.fileno()),
+                backend,
+                "none" if device_index is None else str(device_index),
+            ],
             pass_fds=(child_sock.fileno(),),
             env=env,
             stdin=subprocess.DEVNULL,
@@ -96,7 +106,9 @@ class _ChildProcess:
         self._configured = threading.Event()
         self._configure_error: str | None = None
         self.dead: Exception | None = None
-        self._thread = threading.Thread(target=self._receive, name="torchft_pg-baby-recv", daemon=True)
+        self._thread = threading.Thread(
+            target=self._receive, name="torchft_pg-baby-recv", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -105,7 +117,9 @@ class _ChildProcess:
 
     def wait_ready(self, timeout: timedelta) -> None:
         if not self._ready.wait(timeout.total_seconds()):
-            raise ProcessGroupTimeoutError(f"Baby PG child (pid {self.pid}) did not start within {timeout}")
+            raise ProcessGroupTimeoutError(
+                f"Baby PG child (pid {self.pid}) did not start within {timeout}"
+            )
         if self.dead is not None:
             raise self.dead
 
@@ -125,7 +139,9 @@ class _ChildProcess:
         except (EOFError, OSError):
             pass
         code = self.proc.wait()
-        self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) exited with code {code}"))
+        self._die(
+            ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) exited with code {code}")
+        )
 
     def _complete(self, op_id: int, error: str | None, results: list[bytes]) -> None:
         op = self._pending.pop(op_id, None)
@@ -137,7 +153,8 @@ class _ChildProcess:
             except Exception as e:
                 error = f"copying results failed: {e}"
         op.finish(
-            None if error is None
+            None
+            if error is None
             else ProcessGroupError(f"Baby PG collective failed in child (pid {self.pid}): {error}")
         )
 
@@ -164,13 +181,17 @@ class _ChildProcess:
         self._send(("configure", store_addr, rank, world_size, timeout.total_seconds()))
         # The child's own rendezvous is bounded by `timeout`; allow it to report.
         if not self._configured.wait(timeout.total_seconds() + 5.0):
-            raise ProcessGroupTimeoutError(f"Baby PG child (pid {self.pid}) did not configure within {timeout}")
+            raise ProcessGroupTimeoutError(
+                f"Baby PG child (pid {self.pid}) did not configure within {timeout}"
+            )
         if self.dead is not None:
             raise self.dead
         if self._configure_error is not None:
             raise ProcessGroupError(self._configure_error)
 
-    def submit(self, name: str, args: tuple[Any, ...], outputs: Any, timeout: timedelta) -> _BabyWork:
+    def submit(
+        self, name: str, args: tuple[Any, ...], outputs: Any, timeout: timedelta
+    ) -> _BabyWork:
         if args and any(_is_cuda(a) for a in args):
             torch.cuda.current_stream().synchronize()  # the child reads on its own stream
         spec, encoded = proto.encode_args(args, self.registry, proto.INLINE_MAX_BYTES)
@@ -191,10 +212,8 @@ class _ChildProcess:
     def kill(self) -> None:
         """SIGKILL the child: pending and future work fail at once, nothing hangs."""
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(timeout=10)
         self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) was killed (abort)"))
         self._close_socket()
@@ -213,10 +232,8 @@ class _ChildProcess:
         self._close_socket()
 
     def _close_socket(self) -> None:
-        try:
-            self._sock.shutdown(2)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
 
 
@@ -232,7 +249,9 @@ class _BabyWork(Work):
     def wait(self, timeout: timedelta | None = None) -> bool:
         limit = timeout or self._timeout
         if not self._op.wait(limit.total_seconds()):
-            raise ProcessGroupTimeoutError(f"Baby PG collective (child pid {self._pid}) timed out after {limit}")
+            raise ProcessGroupTimeoutError(
+                f"Baby PG collective (child pid {self._pid}) timed out after {limit}"
+            )
         if self._op.error is not None:
             raise self._op.error
         return True
@@ -327,7 +346,7 @@ class ProcessGroupBaby(ProcessGroupWrapper):
                 child.close()
         self._child = self._spare = None
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         return f"torchft-baby-{self.BACKEND}"
 
 
@@ -340,7 +359,7 @@ class ProcessGroupBabyGloo(ProcessGroupBaby):
 class ProcessGroupBabyNCCL(ProcessGroupBaby):
     """NCCL in a child process: a wedged communicator is killed with the child.
 
-    Costs a second CUDA context (~0.5–1 GB of GPU memory) in the child.
+    Costs a second CUDA context (~0.5-1 GB of GPU memory) in the child.
     """
 
     BACKEND = "nccl"

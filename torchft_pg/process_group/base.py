@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -25,6 +24,7 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     Work,
 )
+from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 
 from torchft_pg.store import parse_store_address
 
@@ -55,7 +55,7 @@ class ProcessGroup(BaseProcessGroup):
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(0, 1)
+        super().__init__(0, 1)  # type: ignore[call-arg]  # c10d sees size 1; see module doc
         self._group_name: str | None = None
         self._registered: BaseProcessGroup | None = None
         self._c10d_ranks: int | None = None  # world size published to c10d's rank table
@@ -86,7 +86,7 @@ class ProcessGroup(BaseProcessGroup):
         """Set the timeout of future operations."""
         raise NotImplementedError("set_timeout")
 
-    def getBackendName(self) -> str:  # noqa: N802 (c10d's name)
+    def getBackendName(self) -> str:
         raise NotImplementedError("getBackendName")
 
     def size(self) -> int:
@@ -113,7 +113,10 @@ class ProcessGroup(BaseProcessGroup):
         raise NotImplementedError("allgather")
 
     def allgather_into_tensor_coalesced(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: AllgatherOptions
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions,
     ) -> Work:
         raise NotImplementedError("allgather_into_tensor_coalesced")
 
@@ -177,7 +180,9 @@ class ProcessGroup(BaseProcessGroup):
                 "groups are created relative to the default group"
             )
         if self._registered is not None:
-            raise RuntimeError(f"already registered as {self._group_name!r}; call unregister() first")
+            raise RuntimeError(
+                f"already registered as {self._group_name!r}; call unregister() first"
+            )
         backend_name = f"{self.getBackendName()}:{name}"
 
         def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> ProcessGroup:
@@ -186,7 +191,10 @@ class ProcessGroup(BaseProcessGroup):
         devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
         dist.Backend.register_backend(backend_name, create, devices=devices)
         group = dist.new_group(
-            ranks=[dist.get_rank()], backend=backend_name, group_desc=name, use_local_synchronization=True
+            ranks=[dist.get_rank()],
+            backend=backend_name,
+            group_desc=name,
+            use_local_synchronization=True,
         )
         assert group is not None
         self._registered = group
@@ -220,7 +228,9 @@ class ProcessGroup(BaseProcessGroup):
     def group_name(self) -> str:
         """The c10d name this PG is registered under (see `register`)."""
         if self._group_name is None:
-            raise RuntimeError(f"{type(self).__name__} is not registered; call register(name) first")
+            raise RuntimeError(
+                f"{type(self).__name__} is not registered; call register(name) first"
+            )
         return self._group_name
 
     def _publish_ranks(self, world_size: int | None) -> None:

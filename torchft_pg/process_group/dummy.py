@@ -41,7 +41,7 @@ class ProcessGroupDummy(ProcessGroup):
     def rank(self) -> int:
         return self._rank
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         return "torchft-dummy"
 
     def set_timeout(self, timeout: Any) -> None:
@@ -53,22 +53,34 @@ class ProcessGroupDummy(ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return completed_work(tensors)
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensor: list[torch.Tensor], opts: Any = None) -> Work:
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensor: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Work:
         for outs, inp in zip(output_tensors, input_tensor, strict=True):
             for o in outs:
                 o.copy_(inp)
         return completed_work(output_tensors)
 
     def allgather_into_tensor_coalesced(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> Work:
         for o, i in zip(output_tensors, input_tensors, strict=True):
             o.copy_(i.reshape(1, -1).expand(o.numel() // max(i.numel(), 1), -1).reshape(o.shape))
         return completed_work(output_tensors)
 
     def alltoall_base(
-        self, output_buffer: torch.Tensor, input_buffer: torch.Tensor, output_split_sizes: list[int],
-        input_split_sizes: list[int], opts: Any = None,
+        self,
+        output_buffer: torch.Tensor,
+        input_buffer: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
     ) -> Work:
         output_buffer.copy_(input_buffer)
         return completed_work(output_buffer)
@@ -86,15 +98,25 @@ class ProcessGroupDummy(ProcessGroup):
         return completed_work(tensors)
 
     def reduce_scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: Any = None,
     ) -> Work:
         for o, ins in zip(output_tensors, input_tensors, strict=True):
             o.copy_(ins[self._rank])
         return completed_work(output_tensors)
 
     def reduce_scatter_tensor_coalesced(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
     ) -> Work:
         for o, i in zip(output_tensors, input_tensors, strict=True):
-            o.copy_(i.reshape(-1)[self._rank * o.numel() : (self._rank + 1) * o.numel()].reshape(o.shape))
+            o.copy_(
+                i.reshape(-1)[self._rank * o.numel() : (self._rank + 1) * o.numel()].reshape(
+                    o.shape
+                )
+            )
         return completed_work(output_tensors)

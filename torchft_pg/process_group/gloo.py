@@ -14,7 +14,9 @@ from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrappe
 __all__ = ["ProcessGroupGloo"]
 
 
-def create_gloo_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> BaseProcessGroup:
+def create_gloo_group(
+    store: Store, rank: int, world_size: int, timeout: timedelta
+) -> BaseProcessGroup:
     """A c10d group whose CPU (and CUDA) ops run on one Gloo backend.
 
     Blocks until every member has connected, or raises after `timeout`.
@@ -38,5 +40,5 @@ class ProcessGroupGloo(ProcessGroupWrapper):
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         return create_gloo_group(store, rank, world_size, self._timeout)
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         return "torchft-gloo"

@@ -21,7 +21,9 @@ from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrappe
 __all__ = ["ProcessGroupNCCL", "create_nccl_group"]
 
 
-def create_nccl_group(store: Store, rank: int, world_size: int, timeout: timedelta) -> BaseProcessGroup:
+def create_nccl_group(
+    store: Store, rank: int, world_size: int, timeout: timedelta
+) -> BaseProcessGroup:
     """A c10d group backed by a non-blocking NCCL communicator on the current device."""
     if not torch.cuda.is_available() or not dist.is_nccl_available():
         raise RuntimeError("ProcessGroupNCCL needs a CUDA device and a torch build with NCCL")
@@ -56,5 +58,5 @@ class ProcessGroupNCCL(ProcessGroupWrapper):
             torch.cuda.current_stream().synchronize()
         return super().errored()
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         return "torchft-nccl"

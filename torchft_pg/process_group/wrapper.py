@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch.distributed import Store
 from torch._C._distributed_c10d import (
     AllgatherOptions,
     AllreduceCoalescedOptions,
@@ -27,6 +26,7 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     Work,
 )
+from torch.distributed import Store
 
 from torchft_pg.errors import (
     NotConfiguredError,
@@ -101,7 +101,9 @@ class ProcessGroupWrapper(ProcessGroup):
     def _not_ready(self) -> Exception:
         name = type(self).__name__
         if self._closed is not None:
-            return ProcessGroupAbortedError(f"{name}: {self._closed}; call configure() to rebuild it")
+            return ProcessGroupAbortedError(
+                f"{name}: {self._closed}; call configure() to rebuild it"
+            )
         return NotConfiguredError(
             f"{name} is not configured: call configure(store_addr, rank, world_size) "
             "before running collectives"
@@ -161,7 +163,7 @@ class ProcessGroupWrapper(ProcessGroup):
         if pg is None:
             return
         if pg is self._wrapped:
-            pg.shutdown()
+            self._wrapped.shutdown()
             return
         stop = getattr(pg, "shutdown", None)
         if stop is not None:
@@ -198,7 +200,7 @@ class ProcessGroupWrapper(ProcessGroup):
             return self._wrapped.rank()
         return self._rank
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         if self._wrapped is not None:
             return self._wrapped.getBackendName()
         raise NotImplementedError(f"{type(self).__name__} must implement getBackendName")
@@ -219,7 +221,9 @@ class ProcessGroupWrapper(ProcessGroup):
         self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None
     ) -> Work:
         _checks.tensor_list("allreduce_coalesced", "tensors", tensors)
-        return self._run("allreduce_coalesced", tensors, tensors, opts or AllreduceCoalescedOptions())
+        return self._run(
+            "allreduce_coalesced", tensors, tensors, opts or AllreduceCoalescedOptions()
+        )
 
     def allgather(
         self,
@@ -230,11 +234,15 @@ class ProcessGroupWrapper(ProcessGroup):
         world = self.size()
         _checks.tensor_list("allgather", "input_tensor", input_tensor)
         options = opts or AllgatherOptions()
-        if world > 1 and len(output_tensors) == len(input_tensor) and all(
-            isinstance(o, list) and len(o) == 1 for o in output_tensors
+        if (
+            world > 1
+            and len(output_tensors) == len(input_tensor)
+            and all(isinstance(o, list) and len(o) == 1 for o in output_tensors)
         ):
             return self._allgather_c10d_sized(output_tensors, input_tensor, options)
-        _checks.nested_lists("allgather", "output_tensors", output_tensors, len(input_tensor), world)
+        _checks.nested_lists(
+            "allgather", "output_tensors", output_tensors, len(input_tensor), world
+        )
         return self._run("allgather", output_tensors, output_tensors, input_tensor, options)
 
     def _allgather_c10d_sized(
@@ -285,8 +293,12 @@ class ProcessGroupWrapper(ProcessGroup):
         opts: AllToAllOptions | None = None,
     ) -> Work:
         world = self.size()
-        _checks.split_sizes("alltoall_base", "output_split_sizes", output_split_sizes, output_buffer, world)
-        _checks.split_sizes("alltoall_base", "input_split_sizes", input_split_sizes, input_buffer, world)
+        _checks.split_sizes(
+            "alltoall_base", "output_split_sizes", output_split_sizes, output_buffer, world
+        )
+        _checks.split_sizes(
+            "alltoall_base", "input_split_sizes", input_split_sizes, input_buffer, world
+        )
         return self._run(
             "alltoall_base",
             output_buffer,
@@ -300,7 +312,9 @@ class ProcessGroupWrapper(ProcessGroup):
     def barrier(self, opts: BarrierOptions | None = None) -> Work:
         return self._run("barrier", None, opts or BarrierOptions())
 
-    def broadcast(self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None) -> Work:
+    def broadcast(
+        self, tensor_list: list[torch.Tensor], opts: BroadcastOptions | None = None
+    ) -> Work:
         _checks.tensor_list("broadcast", "tensor_list", tensor_list)
         options = opts or BroadcastOptions()
         _checks.root_rank("broadcast", options.rootRank, self.size())
@@ -323,9 +337,15 @@ class ProcessGroupWrapper(ProcessGroup):
         opts: ReduceScatterOptions | None = None,
     ) -> Work:
         _checks.tensor_list("reduce_scatter", "output_tensors", output_tensors)
-        _checks.nested_lists("reduce_scatter", "input_tensors", input_tensors, len(output_tensors), self.size())
+        _checks.nested_lists(
+            "reduce_scatter", "input_tensors", input_tensors, len(output_tensors), self.size()
+        )
         return self._run(
-            "reduce_scatter", output_tensors, output_tensors, input_tensors, opts or ReduceScatterOptions()
+            "reduce_scatter",
+            output_tensors,
+            output_tensors,
+            input_tensors,
+            opts or ReduceScatterOptions(),
         )
 
     def reduce_scatter_tensor_coalesced(

@@ -9,7 +9,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
-from torch._C._distributed_c10d import ReduceOp, Work, _create_work_from_future
+from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
+    ReduceOp,
+    Work,
+    _create_work_from_future,
+)
 from torch.futures import collect_all
 
 from torchft_pg.errors import NotConfiguredError
@@ -102,7 +106,7 @@ class ManagedProcessGroup(ErrorSwallowingProcessGroupWrapper):
     def rank(self) -> int:
         return self._manager.participating_rank() or 0
 
-    def getBackendName(self) -> str:  # noqa: N802
+    def getBackendName(self) -> str:
         return "torchft-managed"
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
