@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -24,13 +23,12 @@ import grpc
 
 from lighthouse import validate, wire
 from lighthouse._loop import run_sync
-from lighthouse.client import CHANNEL_OPTIONS, normalize_address
+from lighthouse.client import normalize_address
 from lighthouse.errors import (
     FaultToleranceError,
-    LighthouseUnavailableError,
     QuorumRejectedError,
-    QuorumTimeoutError,
 )
+from lighthouse.link import LighthouseLink
 from lighthouse.ranks import compute_quorum_result
 from lighthouse.server import advertised_host, grpc_server_options, join_host_port, split_host_port
 from lighthouse.types import FailureNotice, Quorum, QuorumMember
@@ -101,7 +99,6 @@ class ManagerServer:
         self.replica_id = replica_id
         self.world_size = world_size
         self.store_addr = store_addr
-        self._lh_addr = normalize_address(lighthouse_addr)
         self._hb_s = heartbeat_interval.total_seconds()
         self._connect_s = connect_timeout.total_seconds()
         if self._hb_s <= 0 or self._connect_s <= 0:
@@ -109,7 +106,6 @@ class ManagerServer:
                 f"heartbeat_interval and connect_timeout must be positive, got "
                 f"{heartbeat_interval} and {connect_timeout}"
             )
-        self._retries = quorum_retries
         self._on_kill = on_kill or _exit_process
         bind_host, _ = split_host_port(bind, "bind")
         self._host = advertised_host(bind_host, hostname)
@@ -118,28 +114,16 @@ class ManagerServer:
         self._last_quorum_step = -1
         self._metadata: dict[int, str] = {}
         self._subscribers: set[asyncio.Queue[bytes]] = set()
-        self.lighthouse_epoch = ""  # epoch of the lighthouse our liveness stream is open to
-        self._epoch_cond = threading.Condition()
+        self._link = LighthouseLink(
+            replica_id, normalize_address(lighthouse_addr), self._hb_s, self._connect_s,
+            quorum_retries, self._relay,
+        )
         self._stopped = False
-        self._tasks: list[asyncio.Task[None]] = []
         self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _start(self, bind: str) -> int:
-        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=CHANNEL_OPTIONS)
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
-        except asyncio.TimeoutError:
-            await self._channel.close()
-            raise LighthouseUnavailableError(
-                f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
-                f"{self._connect_s:g} s"
-            ) from None
-        base = f"/{wire.LIGHTHOUSE_SERVICE}/"
-        self._lh_quorum_stream = self._channel.stream_stream(base + "QuorumStream")
-        self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
-        self._qlock = asyncio.Lock()
-        self._lh_liveness = self._channel.stream_stream(base + "Liveness")
+        await self._link.connect()
         server = grpc.aio.server(options=grpc_server_options(5000))
         handlers = {
             "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
@@ -153,11 +137,10 @@ class ManagerServer:
         )
         port = server.add_insecure_port(bind)
         if port == 0:
-            await self._channel.close()
+            await self._link.close()
             raise OSError(f"could not bind the manager server to {bind!r}")
         await server.start()
         self._server = server
-        self._tasks.append(asyncio.get_running_loop().create_task(self._liveness_loop()))
         return port
 
     def address(self) -> str:
@@ -169,19 +152,18 @@ class ManagerServer:
 
         False if ``timeout`` passed first.
         """
-        with self._epoch_cond:
-            return self._epoch_cond.wait_for(
-                lambda: self.lighthouse_epoch != "" and epoch in (None, self.lighthouse_epoch),
-                timeout=timeout.total_seconds(),
-            )
+        return self._link.wait_liveness(timeout, epoch)
+
+    @property
+    def lighthouse_epoch(self) -> str:
+        """Epoch of the lighthouse our liveness stream is open to ("" before the first)."""
+        return self._link.lighthouse_epoch
 
     async def _stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
         for q in self._subscribers:
             q.put_nowait(b"")
         await self._server.stop(grace=0.2)
-        await self._channel.close()
+        await self._link.close()
 
     def shutdown(self) -> None:
         """Stop serving and close the liveness stream (the lighthouse sees us leave). Idempotent."""
@@ -196,49 +178,7 @@ class ManagerServer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    # -- liveness ------------------------------------------------------------------------
-    async def _liveness_loop(self) -> None:
-        backoff = 0.05
-        ping = wire.encode_liveness_ping(self.replica_id)
-        while True:
-            call = self._lh_liveness()
-            pinger: asyncio.Task[None] | None = None
-            try:
-                await call.write(ping)
-                ack = await call.read()
-                if ack is grpc.aio.EOF:
-                    raise ConnectionError("lighthouse closed the liveness stream")
-                assert isinstance(ack, bytes)
-                epoch, _ = wire.decode_liveness_event(ack)
-                if epoch != self.lighthouse_epoch:
-                    log.info("%s: liveness stream open to lighthouse epoch %s", self.replica_id, epoch)
-                with self._epoch_cond:
-                    self.lighthouse_epoch = epoch
-                    self._epoch_cond.notify_all()
-                backoff = 0.05
-                pinger = asyncio.get_running_loop().create_task(self._ping(call, ping))
-                while True:
-                    ev = await call.read()
-                    if ev is grpc.aio.EOF:
-                        break
-                    assert isinstance(ev, bytes)
-                    _, notice = wire.decode_liveness_event(ev)
-                    if notice is not None:
-                        self._relay(notice)
-            except (grpc.aio.AioRpcError, ConnectionError, ValueError) as exc:
-                log.debug("%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc)
-            finally:
-                if pinger is not None:
-                    pinger.cancel()
-                call.cancel()
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-    async def _ping(self, call: Any, ping: bytes) -> None:
-        while True:
-            await asyncio.sleep(self._hb_s)
-            await call.write(ping)
-
+    # -- failure notices ------------------------------------------------------------------
     def _relay(self, notice: FailureNotice) -> None:
         log.warning(
             "%s: lighthouse reports %s of quorum %s/%d dead (%s)",
@@ -317,7 +257,6 @@ class ManagerServer:
         return wire.encode_quorum_result(result)
 
     async def _lighthouse_quorum(self, g: _Gather, fut: asyncio.Future[Quorum]) -> None:
-        loop = asyncio.get_running_loop()
         reqs = list(g.requests.values())
         step = int(reqs[0]["step"])  # type: ignore[call-overload]
         self._last_quorum_step = step
@@ -331,73 +270,10 @@ class ManagerServer:
             commit_failures=max(int(r["commit_failures"]) for r in reqs),  # type: ignore[call-overload]
             step_time_ms=max(float(r["step_time_ms"]) for r in reqs),  # type: ignore[arg-type]
         )
-        payload = wire.encode_lighthouse_quorum_request(member)
-        deadline = min(g.deadlines.values())
-        first_unavailable: float | None = None
-        retries = 0
-        delay = 0.05
-        while not fut.done():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                fut.set_exception(QuorumTimeoutError(
-                    f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
-                return
-            reply, code, details = await self._ask_lighthouse(payload, remaining)
-            if reply is not None:
-                fut.set_result(wire.decode_lighthouse_quorum_response(reply))
-                return
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                fut.set_exception(QuorumTimeoutError(
-                    f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"))
-                return
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                now = loop.time()
-                first_unavailable = now if first_unavailable is None else first_unavailable
-                if now - first_unavailable >= self._connect_s:
-                    fut.set_exception(LighthouseUnavailableError(
-                        f"lighthouse at {self._lh_addr} unreachable for {now - first_unavailable:.2f} s "
-                        f"(connect_timeout {self._connect_s:g} s): {code.name}: {details}"))
-                    return
-            elif retries < self._retries:
-                retries += 1
-            elif code == grpc.StatusCode.INVALID_ARGUMENT:
-                fut.set_exception(QuorumRejectedError(f"lighthouse at {self._lh_addr} refused: {details}"))
-                return
-            else:
-                fut.set_exception(FaultToleranceError(
-                    f"lighthouse quorum call to {self._lh_addr} failed: {code.name}: {details}"))
-                return
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 1.5, 1.0)
-
-    async def _ask_lighthouse(
-        self, payload: bytes, timeout_s: float
-    ) -> tuple[bytes | None, grpc.StatusCode, str]:
-        """One request on the persistent QuorumStream, waiting up to ``timeout_s`` seconds.
-
-        Returns (reply, OK, "") or (None, status code, details); any failure
-        cancels the stream (which withdraws the request) so the next call reopens it.
-        """
-        async with self._qlock:
-            if self._qcall is None:
-                self._qcall = self._lh_quorum_stream()
-            call = self._qcall
-            try:
-                await asyncio.wait_for(call.write(payload), timeout_s)
-                reply = await asyncio.wait_for(call.read(), timeout_s)
-                if reply is grpc.aio.EOF:
-                    raise ConnectionError("the lighthouse ended the quorum stream")
-                assert isinstance(reply, bytes)
-                return reply, grpc.StatusCode.OK, ""
-            except asyncio.TimeoutError:
-                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"no quorum within {timeout_s:.3f} s"
-            except grpc.aio.AioRpcError as exc:
-                code, details = exc.code(), exc.details() or ""
-            except (ConnectionError, asyncio.InvalidStateError) as exc:
-                code, details = grpc.StatusCode.UNAVAILABLE, str(exc)
-            call.cancel()
-            self._qcall = None
-            return None, code, details
+        try:
+            fut.set_result(await self._link.quorum(member, min(g.deadlines.values())))
+        except FaultToleranceError as exc:
+            fut.set_exception(exc)
 
     # -- commit vote, metadata, kill -------------------------------------------------------
     async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -204,19 +204,26 @@ class LighthouseServer:
         return run_sync(snap(), timeout_s=5)
 
     # -- handlers (event loop) -----------------------------------------------------------
-    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _answer_quorum(self, rpc: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Validate one quorum request and wait for its quorum (shared by both RPCs).
+
+        A cancelled wait (deadline, client gone) withdraws the request.
+        """
         try:
             member = validate.check_member(wire.decode_lighthouse_quorum_request(request))
         except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         fut = self.core.request(member)
         try:
             return await fut
         except SupersededError as exc:
-            await context.abort(grpc.StatusCode.ABORTED, f"Quorum: {exc}")
+            await context.abort(grpc.StatusCode.ABORTED, f"{rpc}: {exc}")
         finally:
             self.core.withdraw(member.replica_id, fut)
         raise AssertionError("unreachable")
+
+    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return await self._answer_quorum("Quorum", request, context)
 
     async def _quorum_stream(
         self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
@@ -225,19 +232,8 @@ class LighthouseServer:
             msg = await context.read()
             if msg is grpc.aio.EOF:
                 return
-            try:
-                assert isinstance(msg, bytes)
-                member = validate.check_member(wire.decode_lighthouse_quorum_request(msg))
-            except ValueError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"QuorumStream: {exc}")
-            fut = self.core.request(member)
-            try:
-                payload = await fut
-            except SupersededError as exc:
-                await context.abort(grpc.StatusCode.ABORTED, f"QuorumStream: {exc}")
-            finally:
-                self.core.withdraw(member.replica_id, fut)
-            await context.write(payload)
+            assert isinstance(msg, bytes)
+            await context.write(await self._answer_quorum("QuorumStream", msg, context))
 
     async def _heartbeat(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

@@ -173,3 +173,30 @@ def test_unreachable_lighthouse_fails_manager_server_construction() -> None:
         ManagerServer("rep0", addr, bind="127.0.0.1:0", connect_timeout=timedelta(milliseconds=300))
     with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
         ManagerServer("rep0", addr, world_size=0)
+
+
+def test_fuzzed_manager_requests_never_stop_the_server() -> None:
+    import random
+
+    import grpc
+
+    from lighthouse import wire
+
+    rng = random.Random(99)
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        channel = grpc.insecure_channel(ms.address())
+        names = ["Quorum", "CheckpointMetadata", "ShouldCommit"]
+        methods = {n: channel.unary_unary(f"/{wire.MANAGER_SERVICE}/{n}") for n in names}
+        for _ in range(120):
+            payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 48)))
+            try:
+                methods[rng.choice(names)](payload, timeout=0.05)
+            except grpc.RpcError as exc:
+                assert exc.code() in (
+                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                ), exc
+        c = ManagerClient(ms.address())
+        out = in_threads([lambda g=g: c.quorum(g, 1, "", False, T) for g in range(2)])
+        assert [r.replica_rank for r in out] == [0, 0], out
+        assert in_threads([lambda g=g: c.should_commit(g, 1, True, T) for g in range(2)]) == [True, True]

@@ -1,0 +1,204 @@
+"""A manager server's link to the lighthouse: liveness stream, quorum stream, retries.
+
+Lives on the background event loop. The liveness stream is pinged every
+heartbeat interval and reopened (50 ms .. 1 s backoff) after it breaks, e.g.
+across a lighthouse restart; failure notices arriving on it go to ``on_notice``.
+Quorum requests travel on one persistent ``QuorumStream``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from lighthouse import wire
+from lighthouse.client import CHANNEL_OPTIONS
+from lighthouse.errors import (
+    FaultToleranceError,
+    LighthouseUnavailableError,
+    QuorumRejectedError,
+    QuorumTimeoutError,
+)
+from lighthouse.types import FailureNotice, Quorum, QuorumMember
+
+log = logging.getLogger("lighthouse.manager")
+
+
+class LighthouseLink:
+    """Connection of replica ``replica_id`` to the lighthouse at ``addr``.
+
+    ``heartbeat_s``: seconds between liveness pings; ``connect_s``: seconds an
+    unreachable lighthouse is waited for (start-up) or retried (quorum);
+    ``retries``: extra attempts after other quorum failures.
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        addr: str,
+        heartbeat_s: float,
+        connect_s: float,
+        retries: int,
+        on_notice: Callable[[FailureNotice], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self._lh_addr = addr
+        self._hb_s = heartbeat_s
+        self._connect_s = connect_s
+        self._retries = retries
+        self._on_notice = on_notice
+        self.lighthouse_epoch = ""  # epoch of the lighthouse our liveness stream is open to
+        self._epoch_cond = threading.Condition()
+        self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
+        self._task: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        """Wait up to ``connect_s`` for the lighthouse, then start the liveness stream."""
+        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=CHANNEL_OPTIONS)
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
+        except asyncio.TimeoutError:
+            await self._channel.close()
+            raise LighthouseUnavailableError(
+                f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
+                f"{self._connect_s:g} s"
+            ) from None
+        base = f"/{wire.LIGHTHOUSE_SERVICE}/"
+        self._lh_quorum_stream = self._channel.stream_stream(base + "QuorumStream")
+        self._lh_liveness = self._channel.stream_stream(base + "Liveness")
+        self._qlock = asyncio.Lock()
+        self._task = asyncio.get_running_loop().create_task(self._liveness_loop())
+
+    async def close(self) -> None:
+        """Stop pinging and close the channel (the lighthouse sees us leave)."""
+        if self._task is not None:
+            self._task.cancel()
+        await self._channel.close()
+
+    def wait_liveness(self, timeout: timedelta, epoch: str | None = None) -> bool:
+        """Wait until the liveness stream is open (to lighthouse ``epoch`` if given).
+
+        False if ``timeout`` passed first. Thread-safe.
+        """
+        with self._epoch_cond:
+            return self._epoch_cond.wait_for(
+                lambda: self.lighthouse_epoch != "" and epoch in (None, self.lighthouse_epoch),
+                timeout=timeout.total_seconds(),
+            )
+
+    async def _liveness_loop(self) -> None:
+        backoff = 0.05
+        ping = wire.encode_liveness_ping(self.replica_id)
+        while True:
+            call = self._lh_liveness()
+            pinger: asyncio.Task[None] | None = None
+            try:
+                await call.write(ping)
+                ack = await call.read()
+                if ack is grpc.aio.EOF:
+                    raise ConnectionError("lighthouse closed the liveness stream")
+                assert isinstance(ack, bytes)
+                epoch, _ = wire.decode_liveness_event(ack)
+                if epoch != self.lighthouse_epoch:
+                    log.info("%s: liveness stream open to lighthouse epoch %s", self.replica_id, epoch)
+                with self._epoch_cond:
+                    self.lighthouse_epoch = epoch
+                    self._epoch_cond.notify_all()
+                backoff = 0.05
+                pinger = asyncio.get_running_loop().create_task(self._ping(call, ping))
+                while True:
+                    ev = await call.read()
+                    if ev is grpc.aio.EOF:
+                        break
+                    assert isinstance(ev, bytes)
+                    _, notice = wire.decode_liveness_event(ev)
+                    if notice is not None:
+                        self._on_notice(notice)
+            except (grpc.aio.AioRpcError, ConnectionError, ValueError) as exc:
+                log.debug("%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc)
+            finally:
+                if pinger is not None:
+                    pinger.cancel()
+                call.cancel()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _ping(self, call: Any, ping: bytes) -> None:
+        while True:
+            await asyncio.sleep(self._hb_s)
+            await call.write(ping)
+
+    async def quorum(self, member: QuorumMember, deadline: float) -> Quorum:
+        """Ask for a quorum; ``deadline`` is in event-loop time (seconds).
+
+        Raises ``QuorumTimeoutError``, ``LighthouseUnavailableError`` (after
+        ``connect_s`` of unreachability), ``QuorumRejectedError`` or ``FaultToleranceError``.
+        """
+        loop = asyncio.get_running_loop()
+        payload = wire.encode_lighthouse_quorum_request(member)
+        first_unavailable: float | None = None
+        retries = 0
+        delay = 0.05
+        timeout = QuorumTimeoutError(
+            f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"
+        )
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise timeout
+            reply, code, details = await self._ask(payload, remaining)
+            if reply is not None:
+                return wire.decode_lighthouse_quorum_response(reply)
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise timeout
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                now = loop.time()
+                first_unavailable = now if first_unavailable is None else first_unavailable
+                if now - first_unavailable >= self._connect_s:
+                    raise LighthouseUnavailableError(
+                        f"lighthouse at {self._lh_addr} unreachable for {now - first_unavailable:.2f} s "
+                        f"(connect_timeout {self._connect_s:g} s): {code.name}: {details}")
+            elif retries < self._retries:
+                retries += 1
+            elif code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise QuorumRejectedError(f"lighthouse at {self._lh_addr} refused: {details}")
+            else:
+                raise FaultToleranceError(
+                    f"lighthouse quorum call to {self._lh_addr} failed: {code.name}: {details}")
+            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+            delay = min(delay * 1.5, 1.0)
+
+    async def _ask(
+        self, payload: bytes, timeout_s: float
+    ) -> tuple[bytes | None, grpc.StatusCode, str]:
+        """One request on the persistent QuorumStream, waiting up to ``timeout_s`` seconds.
+
+        Returns (reply, OK, "") or (None, status code, details); any failure
+        cancels the stream (which withdraws the request) so the next call reopens it.
+        """
+        async with self._qlock:
+            if self._qcall is None:
+                self._qcall = self._lh_quorum_stream()
+            call = self._qcall
+            try:
+                await asyncio.wait_for(call.write(payload), timeout_s)
+                reply = await asyncio.wait_for(call.read(), timeout_s)
+                if reply is grpc.aio.EOF:
+                    raise ConnectionError("the lighthouse ended the quorum stream")
+                assert isinstance(reply, bytes)
+                return reply, grpc.StatusCode.OK, ""
+            except asyncio.TimeoutError:
+                code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"no quorum within {timeout_s:.3f} s"
+            except grpc.aio.AioRpcError as exc:
+                code, details = exc.code(), exc.details() or ""
+            except (ConnectionError, asyncio.InvalidStateError) as exc:
+                code, details = grpc.StatusCode.UNAVAILABLE, str(exc)
+            call.cancel()
+            self._qcall = None
+            return None, code, details
