@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from torchft_pg.checkpointing.buffers import Prefaulter
 from torchft_pg.checkpointing.gate import (
     GateClosedError,
     NotAllowedError,
@@ -316,7 +317,11 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         template = self._state_dict() if self._state_dict is not None else None
         dests, direct, blobs = prepare_receive(skeleton, template, torch.device("cpu"))
         n = max(1, self._num_chunks)
-        fetch.get_chunks(skeleton, blobs, n)
+        prefault = Prefaulter([blobs[b] for b in range(len(blobs)) if b not in direct])
+        try:
+            fetch.get_chunks(skeleton, blobs, n)
+        finally:
+            prefault.stop()
         result = unpack(skeleton, blobs, dests)
         log_transfer(
             "received",

@@ -25,6 +25,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
+from torchft_pg.checkpointing.buffers import Prefaulter
 from torchft_pg.checkpointing.layout import Digest, Segment, byte_view, iter_pieces, piece_digest
 from torchft_pg.checkpointing.serialization import (
     MAX_SKELETON_BYTES,
@@ -151,6 +152,21 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
                 f"tensors={len(packed.skeleton.tensors)}",
             )
 
+    def _recv_blobs(
+        self, src: int, blobs: list[torch.Tensor], order: list[int], deadline: Deadline, where: str
+    ) -> dict[int, int]:
+        """Receive blobs `order` in turn; checksum each while the next one arrives."""
+        got: dict[int, int] = {}
+        pending = self._pg.recv([blobs[order[0]]], src, _TAG_BLOB + order[0]) if order else None
+        for k, i in enumerate(order):
+            work = pending
+            self._wait(work, deadline, f"{where} (blob {i})")
+            if k + 1 < len(order):
+                nxt = order[k + 1]
+                pending = self._pg.recv([blobs[nxt]], src, _TAG_BLOB + nxt)
+            got[i] = blob_digest(blobs[i])
+        return got
+
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
         """Receive the state dict of `step` from `src_rank` within `timeout` (`metadata` unused)."""
         del metadata
@@ -182,17 +198,11 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         template = self._state_dict() if self._state_dict is not None else None
         dests, direct, blobs = prepare_receive(skeleton, template, dev)
         order = [i for i in range(nblobs) if blobs[i].numel() > 0]
-        got: dict[int, int] = {}
-        pending = (
-            self._pg.recv([blobs[order[0]]], src_rank, _TAG_BLOB + order[0]) if order else None
-        )
-        for k, i in enumerate(order):
-            work = pending
-            self._wait(work, deadline, f"{where} (blob {i})")
-            if k + 1 < len(order):
-                nxt = order[k + 1]
-                pending = self._pg.recv([blobs[nxt]], src_rank, _TAG_BLOB + nxt)
-            got[i] = blob_digest(blobs[i])  # overlaps with the next receive
+        prefault = Prefaulter([blobs[i] for i in order if i not in direct])
+        try:
+            got = self._recv_blobs(src_rank, blobs, order, deadline, where)
+        finally:
+            prefault.stop()
         sums = torch.zeros(nblobs, dtype=torch.int64, device=dev)
         self._wait(self._pg.recv([sums], src_rank, _TAG_DIGESTS), deadline, f"{where} (checksums)")
         expected = [v & ((1 << 64) - 1) for v in sums.cpu().tolist()]
