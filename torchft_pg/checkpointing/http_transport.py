@@ -35,7 +35,6 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from torchft_pg.checkpointing.buffers import Prefaulter
 from torchft_pg.checkpointing.gate import (
     GateClosedError,
     NotAllowedError,
@@ -317,11 +316,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         template = self._state_dict() if self._state_dict is not None else None
         dests, direct, blobs = prepare_receive(skeleton, template, torch.device("cpu"))
         n = max(1, self._num_chunks)
-        prefault = Prefaulter([blobs[b] for b in range(len(blobs)) if b not in direct])
-        try:
-            fetch.get_chunks(skeleton, blobs, n)
-        finally:
-            prefault.stop()
+        fetch.get_chunks(skeleton, blobs, n)
         result = unpack(skeleton, blobs, dests)
         log_transfer(
             "received",

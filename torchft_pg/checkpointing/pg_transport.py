@@ -25,7 +25,6 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
-from torchft_pg.checkpointing.buffers import Prefaulter
 from torchft_pg.checkpointing.layout import Digest, Segment, byte_view, iter_pieces, piece_digest
 from torchft_pg.checkpointing.serialization import (
     MAX_SKELETON_BYTES,
@@ -198,11 +197,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         template = self._state_dict() if self._state_dict is not None else None
         dests, direct, blobs = prepare_receive(skeleton, template, dev)
         order = [i for i in range(nblobs) if blobs[i].numel() > 0]
-        prefault = Prefaulter([blobs[i] for i in order if i not in direct])
-        try:
-            got = self._recv_blobs(src_rank, blobs, order, deadline, where)
-        finally:
-            prefault.stop()
+        got = self._recv_blobs(src_rank, blobs, order, deadline, where)
         sums = torch.zeros(nblobs, dtype=torch.int64, device=dev)
         self._wait(self._pg.recv([sums], src_rank, _TAG_DIGESTS), deadline, f"{where} (checksums)")
         expected = [v & ((1 << 64) - 1) for v in sums.cpu().tolist()]

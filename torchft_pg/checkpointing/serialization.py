@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from torchft_pg.checkpointing.buffers import alloc_bytes
 from torchft_pg.checkpointing.layout import storage_bytes
 from torchft_pg.errors import RecoveryError
 
@@ -394,7 +393,7 @@ def prepare_receive(
     dests = destinations(skeleton, template) if template is not None else {}
     direct = direct_targets(skeleton, {i: d for i, d in dests.items() if d.device == device})
     blobs = [
-        direct[b] if b in direct else alloc_bytes(size, device)
+        direct[b] if b in direct else torch.empty(size, dtype=torch.uint8, device=device)
         for b, size in enumerate(skeleton.blob_sizes)
     ]
     return dests, set(direct), blobs
