@@ -54,7 +54,7 @@ def run_replica(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _stream_client(args: argparse.Namespace) -> float:
+async def _stream_client(args: argparse.Namespace) -> tuple[float, float]:
     """Like ``run_client`` over one persistent QuorumStream (as manager servers do)."""
     import grpc
 
@@ -72,13 +72,13 @@ async def _stream_client(args: argparse.Namespace) -> float:
 
     for _ in range(args.warmup):
         await one()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(args.rounds):
         await one()
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
     call.cancel()
     await channel.close()
-    return elapsed
+    return elapsed, cpu
 
 
 def run_client(args: argparse.Namespace) -> int:
@@ -88,20 +88,20 @@ def run_client(args: argparse.Namespace) -> int:
 
         loop = _new_loop()
         try:
-            elapsed = loop.run_until_complete(_stream_client(args))
+            elapsed, cpu = loop.run_until_complete(_stream_client(args))
         finally:
             loop.close()
-        print(json.dumps({"replica_id": args.replica_id, "rounds": args.rounds, "elapsed_s": elapsed}), flush=True)
-        return 0
-    client = LighthouseClient(args.lighthouse, connect_timeout=timedelta(seconds=10))
-    timeout = timedelta(seconds=args.timeout_s)
-    for _ in range(args.warmup):
-        client.quorum(args.replica_id, timeout)
-    start = time.perf_counter()
-    for _ in range(args.rounds):
-        client.quorum(args.replica_id, timeout)
-    elapsed = time.perf_counter() - start
-    print(json.dumps({"replica_id": args.replica_id, "rounds": args.rounds, "elapsed_s": elapsed}), flush=True)
+    else:
+        client = LighthouseClient(args.lighthouse, connect_timeout=timedelta(seconds=10))
+        timeout = timedelta(seconds=args.timeout_s)
+        for _ in range(args.warmup):
+            client.quorum(args.replica_id, timeout)
+        start, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(args.rounds):
+            client.quorum(args.replica_id, timeout)
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    print(json.dumps({"replica_id": args.replica_id, "rounds": args.rounds, "elapsed_s": elapsed,
+                      "cpu_s": cpu}), flush=True)
     return 0
 
 
