@@ -115,8 +115,7 @@ class ManagedProcessGroup(ErrorSwallowingProcessGroupWrapper):
         if self.error() is not None:
             return completed_work(outputs)
         tensors, opts = args
+        # The Manager's futures yield one tensor; c10d's yield the list of tensors.
         works = [self._manager.allreduce(t, reduce_op=opts.reduceOp) for t in tensors]
-        if len(works) == 1:
-            return works[0]
         fut = collect_all([w.get_future() for w in works]).then(lambda _: tensors)
         return _create_work_from_future(fut)

@@ -1,0 +1,313 @@
+"""The Manager's per-step protocol with injected fakes: no sockets, no patching."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from torch._C._distributed_c10d import ReduceOp, Work
+from torch.futures import Future
+
+from lighthouse import FailureNotice, QuorumResult, QuorumTimeoutError
+from torchft_pg.errors import CommitFailedError
+from torchft_pg.manager import Manager, WorldSizeMode
+from torchft_pg.process_group import ProcessGroupDummy
+from torchft_pg.work import completed_work
+
+STORE = "127.0.0.1:29500"
+
+
+def result(quorum_id: int = 1, replica_rank: int = 0, world: int = 2, max_step: int = 0,
+           max_rank: int | None = 0, max_world: int | None = None, heal: bool = False,
+           src: int | None = None, dst: list[int] | None = None, epoch: str = "ep") -> QuorumResult:
+    return QuorumResult(
+        quorum_id=quorum_id, epoch=epoch, replica_rank=replica_rank, replica_world_size=world,
+        recover_src_manager_address="127.0.0.1:1" if heal else "", recover_src_replica_rank=src,
+        recover_dst_replica_ranks=dst or [], store_address=STORE, max_step=max_step,
+        max_replica_rank=max_rank, max_world_size=world if max_world is None else max_world, heal=heal,
+        replica_ids=[f"r{i}" for i in range(world)],
+    )
+
+
+class FakeClient:
+    def __init__(self, results: list[QuorumResult], decisions: list[bool] | None = None) -> None:
+        self.results = list(results)
+        self.decisions = decisions
+        self.quorum_calls: list[dict[str, Any]] = []
+        self.votes: list[tuple[int, bool]] = []
+        self.failure_callback: Any = None
+        self.quorum_error: Exception | None = None
+
+    def quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
+               timeout: timedelta, init_sync: bool = True, commit_failures: int = 0,
+               step_time_ms: float = 0.0) -> QuorumResult:
+        self.quorum_calls.append({"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata})
+        if self.quorum_error is not None:
+            raise self.quorum_error
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
+        return "fake://meta"
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+        self.votes.append((step, should_commit))
+        return should_commit if self.decisions is None else self.decisions.pop(0)
+
+    def subscribe_failures(self, callback: Any, group_rank: int = 0, on_error: Any = None) -> Any:
+        self.failure_callback = callback
+        return None
+
+
+class FakeTransport:
+    def __init__(self, payload: dict[str, Any] | None = None) -> None:
+        self.payload = payload
+        self.sent: list[tuple[list[int], int, dict[str, Any]]] = []
+        self.received: list[tuple[int, str, int]] = []
+        self.disallowed = 0
+
+    def metadata(self) -> str:
+        return "fake://me"
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+        self.sent.append((dst_ranks, step, state_dict))
+
+    def disallow_checkpoint(self) -> None:
+        self.disallowed += 1
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        self.received.append((src_rank, metadata, step))
+        assert self.payload is not None
+        return self.payload
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+class HeldWork(Work):
+    """A work whose future the test completes (or fails) by hand."""
+
+    def __init__(self, fut: Future[Any]) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+class SumGroup(ProcessGroupDummy):
+    """Allreduce multiplies by the world size (every replica sent the same tensor);
+    with `hold` set, allreduce futures stay pending until released."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+        self.configured: list[tuple[str, int, int]] = []
+        self.hold = False
+        self.pending: list[Future[Any]] = []
+        self.aborted = 0
+
+    def configure(self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None) -> None:
+        self.configured.append((store_addr, rank, world_size))
+        self._world = world_size
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        if self.hold:
+            fut: Future[Any] = Future()
+            self.pending.append(fut)
+            return HeldWork(fut)
+        for t in tensors:
+            t.mul_(self._world)
+        return completed_work(tensors)
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def make(results: list[QuorumResult], **kwargs: Any) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
+    client = FakeClient(results, kwargs.pop("decisions", None))
+    transport = kwargs.pop("transport", FakeTransport())
+    pg = SumGroup()
+    manager = Manager(pg, client=client, connect_manager=lambda addr: client, checkpoint_transport=transport,
+                      min_replica_size=kwargs.pop("min_replica_size", 1), timeout=timedelta(seconds=5), **kwargs)
+    return manager, client, transport, pg
+
+
+def test_happy_path_averages_commits_and_reconfigures_only_on_new_quorum() -> None:
+    manager, client, transport, pg = make([result(quorum_id=1), result(quorum_id=1), result(quorum_id=2, world=3)])
+    for expected_world in (2, 2, 3):
+        manager.start_quorum()
+        t = torch.ones(2)
+        manager.allreduce(t).wait()
+        assert t.tolist() == [1.0, 1.0]  # SUM over the world, then / participants
+        assert manager.should_commit()
+        assert manager.num_participants() == expected_world
+    assert manager.current_step() == 3 and manager.batches_committed() == 2 + 2 + 3
+    assert pg.configured == [(f"{STORE}/torchft/ep/1/0", 0, 2), (f"{STORE}/torchft/ep/2/0", 0, 3)]
+    assert [c["step"] for c in client.quorum_calls] == [0, 1, 2]
+    assert transport.disallowed == 3
+    manager.shutdown()
+
+
+def test_sum_is_not_divided_and_int_avg_is_refused() -> None:
+    manager, *_ = make([result()])
+    manager.start_quorum()
+    t = torch.ones(1)
+    manager.allreduce(t, reduce_op=ReduceOp.SUM).wait()
+    assert t.item() == 2.0
+    with pytest.raises(ValueError, match="floating tensor, got dtype torch.int64"):
+        manager.allreduce(torch.ones(1, dtype=torch.int64))
+    manager.shutdown()
+
+
+def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step() -> None:
+    loaded: list[Any] = []
+    payload = {"user": {"default": {"w": torch.tensor([7.0])}}, "torchft": {"step": 20, "batches_committed": 40}}
+    manager, client, transport, _ = make(
+        [result(replica_rank=0, max_step=20, max_rank=None, max_world=1, heal=True, src=1)],
+        transport=FakeTransport(payload),
+    )
+    manager.register_state_dict_fn("default", loaded.append, lambda: {"w": torch.zeros(1)})
+    manager.start_quorum()
+    grad = torch.full((1,), 5.0)
+    manager.allreduce(grad).wait()
+    assert grad.item() == 0.0  # zeros from a healer (then SUM=0, /1 participant)
+    assert not manager.is_participating()
+    assert manager.should_commit()
+    assert loaded and loaded[0]["w"].item() == 7.0
+    assert transport.received == [(1, "fake://meta", 20)]
+    assert manager.current_step() == 21 and manager.batches_committed() == 41
+    manager.shutdown()
+
+
+def test_source_serves_user_state_and_counters() -> None:
+    manager, _, transport, _ = make([result(dst=[1])])
+    manager.register_state_dict_fn("model", lambda s: None, lambda: {"w": 1})
+    manager.start_quorum()
+    manager.wait_quorum()
+    dst, step, payload = transport.sent[0]
+    assert dst == [1] and step == 0
+    assert payload == {"user": {"model": {"w": 1}}, "torchft": {"step": 0, "batches_committed": 0}}
+    manager.shutdown()
+
+
+def test_failed_commit_is_counted_sent_to_the_lighthouse_and_bounded() -> None:
+    manager, client, _, _ = make([result()], decisions=[False, False, False], max_retries=1)
+    manager.start_quorum()
+    assert manager.should_commit() is False
+    manager.start_quorum()
+    manager.wait_quorum()
+    assert client.quorum_calls[-1]["commit_failures"] == 1
+    with pytest.raises(CommitFailedError, match="2 commits failed in a row"):
+        manager.should_commit()
+    manager.shutdown()
+
+
+def test_collective_error_makes_the_vote_no_and_later_allreduces_no_ops() -> None:
+    manager, client, _, pg = make([result()])
+    manager.start_quorum()
+    pg.hold = True
+    t = torch.ones(1)
+    work = manager.allreduce(t)
+    pg.pending[0].set_exception(RuntimeError("Connection closed by peer"))
+    assert work.get_future().wait() is t and t.item() == 1.0  # untouched, not raised
+    assert isinstance(manager.errored(), RuntimeError)
+    skipped = torch.ones(1)
+    manager.allreduce(skipped).wait()
+    assert len(pg.pending) == 1 and skipped.item() == 1.0
+    assert manager.should_commit() is False and client.votes[-1] == (0, False)
+    manager.shutdown()
+
+
+def test_failure_notice_aborts_inflight_collectives_at_once() -> None:
+    manager, client, _, pg = make([result(world=3)])
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True
+    t = torch.full((1,), 4.0)
+    work = manager.allreduce(t)
+    done = threading.Event()
+    work.get_future().add_done_callback(lambda _: done.set())
+    assert not done.is_set()
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), reason="stream closed"))
+    assert done.wait(1.0)  # completed by the notice, not by the 5 s timeout
+    assert t.item() == 4.0 and pg.aborted == 1
+    assert "r2" in str(manager.errored())
+    # A notice about another quorum, or about a non-member, changes nothing.
+    manager.start_quorum()
+    manager.wait_quorum()
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=0, dead_replica_ids=("r1",)))
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("stranger",)))
+    assert manager.errored() is None and pg.aborted == 1
+    manager.shutdown()
+
+
+def test_collective_timeout_is_reported_not_hung() -> None:
+    client = FakeClient([result()])
+    pg = SumGroup()
+    manager = Manager(pg, client=client, checkpoint_transport=FakeTransport(), timeout=timedelta(milliseconds=50))
+    manager.start_quorum()
+    pg.hold = True
+    t = torch.ones(1)
+    assert manager.allreduce(t).get_future().wait() is t
+    assert "did not finish within" in str(manager.errored())
+    manager.shutdown()
+
+
+def test_quorum_timeout_votes_no_then_raises_at_next_start() -> None:
+    manager, client, _, _ = make([result()])
+    client.quorum_error = QuorumTimeoutError("no quorum containing r0 within 0:00:01")
+    manager.start_quorum()
+    assert manager.should_commit() is False
+    with pytest.raises(QuorumTimeoutError, match="no quorum"):
+        manager.start_quorum()
+    manager.shutdown()
+
+
+def test_fixed_with_spares_zeroes_spares_and_counts_min_replicas() -> None:
+    manager, *_ = make([result(replica_rank=2, world=3, max_rank=2)], min_replica_size=2,
+                       world_size_mode=WorldSizeMode.FIXED_WITH_SPARES)
+    manager.start_quorum()
+    t = torch.ones(1)
+    manager.allreduce(t).wait()
+    assert manager.num_participants() == 2 and manager.participating_rank() is None
+    assert t.item() == 0.0
+    assert manager.should_commit()
+    assert manager.batches_committed() == 2
+    manager.shutdown()
+
+
+def test_sync_quorum_heals_before_the_step_and_participates() -> None:
+    loaded: list[Any] = []
+    payload = {"user": {"default": 1}, "torchft": {"step": 3, "batches_committed": 6}}
+    manager, *_ = make([result(replica_rank=1, max_step=3, max_rank=None, max_world=1, heal=True, src=0)],
+                       transport=FakeTransport(payload), use_async_quorum=False)
+    manager.register_state_dict_fn("default", loaded.append, lambda: 0)
+    manager.start_quorum()
+    assert loaded == [1]  # applied before forward
+    assert manager.is_participating() and manager.num_participants() == 2
+    manager.shutdown()
+
+
+def test_wrap_future_substitutes_default_and_reports() -> None:
+    manager, *_ = make([result()])
+    fut: Future[int] = Future()
+    wrapped = manager.wrap_future(fut, 42)
+    fut.set_exception(RuntimeError("boom"))
+    assert wrapped.wait() == 42 and "boom" in str(manager.errored())
+    manager.shutdown()
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="min_replica_size must be >= 1, got 0"):
+        Manager(SumGroup(), client=FakeClient([result()]), checkpoint_transport=FakeTransport(), min_replica_size=0)
+    manager, *_ = make([result()])
+    manager.register_state_dict_fn("a", lambda s: None, lambda: 1)
+    with pytest.raises(ValueError, match="already registered under 'a'"):
+        manager.register_state_dict_fn("a", lambda s: None, lambda: 1)
+    manager.shutdown()

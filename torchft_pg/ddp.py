@@ -1,0 +1,40 @@
+"""`DistributedDataParallel(manager, module)`: torch DDP whose gradients go through the Manager.
+
+Torch DDP gets a `ProcessGroupDummy` (its start-up broadcast costs nothing: the
+Manager syncs weights by healing) and a comm hook that averages each bucket
+over the live participants with `manager.allreduce`. A failed reduction leaves
+the bucket as it is; the step is then rejected by the commit vote, never
+raised into backward().
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.futures import Future
+from torch.nn import parallel
+
+from torchft_pg.manager import Manager
+from torchft_pg.process_group.dummy import ProcessGroupDummy
+
+__all__ = ["DistributedDataParallel"]
+
+
+class DistributedDataParallel(parallel.DistributedDataParallel):
+    """Torch DDP across replica groups, fault tolerant through `manager`.
+
+    `find_unused_parameters=True` by default: it keeps the reducer from
+    re-ordering its buckets after the first step, which would make a freshly
+    healed replica's buckets differ from its peers'.
+    """
+
+    def __init__(self, manager: Manager, module: torch.nn.Module, **kwargs: Any) -> None:
+        kwargs.setdefault("find_unused_parameters", True)
+        super().__init__(module, process_group=ProcessGroupDummy(0, 1), **kwargs)
+        self._manager = manager
+        self.register_comm_hook(manager, _manager_comm_hook)
+
+
+def _manager_comm_hook(manager: Manager, bucket: Any) -> Future[torch.Tensor]:
+    return manager.allreduce(bucket.buffer()).get_future()

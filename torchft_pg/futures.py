@@ -1,0 +1,134 @@
+"""Futures with deadlines, on one watchdog thread for the whole process.
+
+`ProxyFuture` is completed by whichever comes first: the real result, an
+error, the deadline, or an explicit `abort` (the Manager aborts every
+in-flight collective when the lighthouse reports a dead peer, instead of
+waiting for the collective's own timeout).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Generic, TypeVar
+
+from torch.futures import Future
+
+__all__ = ["ProxyFuture", "Watchdog", "watchdog"]
+
+T = TypeVar("T")
+
+
+class Watchdog:
+    """Runs callbacks at deadlines on a single daemon thread (started lazily)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._ids = itertools.count()
+        self._cancelled: set[int] = set()
+        self._thread: threading.Thread | None = None
+
+    def schedule(self, delay: timedelta, callback: Callable[[], None]) -> int:
+        """Call `callback` after `delay`; returns a handle for `cancel`."""
+        handle = next(self._ids)
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + delay.total_seconds(), handle, callback))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="torchft_pg-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        with self._cond:
+            self._cancelled.add(handle)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                deadline, handle, callback = self._heap[0]
+                now = time.monotonic()
+                if deadline > now:
+                    self._cond.wait(deadline - now)
+                    continue
+                heapq.heappop(self._heap)
+                if handle in self._cancelled:
+                    self._cancelled.discard(handle)
+                    continue
+            try:
+                callback()
+            except Exception:  # a callback's failure must not stop the watchdog
+                pass
+
+
+watchdog = Watchdog()
+
+
+class ProxyFuture(Generic[T]):
+    """A torch Future completed once, by the first of: source, timeout, abort.
+
+    On an error, timeout or abort it yields `default` and calls `on_error`
+    with the reason, so callers (DDP's reducer) never see an exception; the
+    step is rejected by the commit vote instead.
+    """
+
+    def __init__(
+        self,
+        source: Future[Any],
+        default: T,
+        on_error: Callable[[Exception], None],
+        timeout: timedelta | None,
+        transform: Callable[[Any], T] | None = None,
+    ) -> None:
+        self.future: Future[T] = Future()
+        self._default = default
+        self._on_error = on_error
+        self._transform = transform
+        self._lock = threading.Lock()
+        self._done = False
+        self._timer = watchdog.schedule(timeout, self._timed_out) if timeout is not None else None
+        self._timeout = timeout
+        source.add_done_callback(self._from_source)
+
+    def _settle(self, value: T | None, error: Exception | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        if self._timer is not None:
+            watchdog.cancel(self._timer)
+        if error is not None:
+            self._on_error(error)
+            self.future.set_result(self._default)
+        else:
+            self.future.set_result(value)  # type: ignore[arg-type]
+
+    def _from_source(self, source: Future[Any]) -> None:
+        try:
+            value = source.value()
+            if self._transform is not None:
+                value = self._transform(value)
+        except Exception as e:
+            self._settle(None, e)
+            return
+        self._settle(value, None)
+
+    def _timed_out(self) -> None:
+        from torchft_pg.errors import ProcessGroupTimeoutError
+
+        self._settle(None, ProcessGroupTimeoutError(f"collective did not finish within {self._timeout}"))
+
+    def abort(self, reason: Exception) -> None:
+        """Complete now with the default value, reporting `reason`."""
+        self._settle(None, reason)
+
+    @property
+    def done(self) -> bool:
+        return self._done

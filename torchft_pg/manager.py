@@ -1,0 +1,470 @@
+"""`Manager`: the per-step fault-tolerance protocol of one rank (torchft's API).
+
+Each step::
+
+    manager.start_quorum()      # background: quorum RPC, reconfigure the PG, heal
+    loss.backward()             # DDP's comm hook -> manager.allreduce(bucket)
+    if manager.should_commit(): # every rank of every participating group voted yes
+        optimizer.step()
+
+A step counts only if every vote is yes; any failure in a step (collective,
+PG, healing) turns this group's vote into no, the step is discarded
+everywhere and the next quorum rebuilds the group. When the lighthouse reports
+a dead peer, in-flight collectives are completed at once (their tensors left
+as they were) instead of waiting for the collective timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Protocol, TypeVar
+
+import torch
+from torch._C._distributed_c10d import ReduceOp, Work
+from torch.futures import Future
+
+from lighthouse import FailureNotice, ManagerClient, ManagerServer, QuorumResult
+from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
+from torchft_pg.config import ManagerConfig
+from torchft_pg.errors import CommitFailedError, ProcessGroupError, RecoveryError
+from torchft_pg.futures import ProxyFuture
+from torchft_pg.healing import StateDictRegistry
+from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.work import completed_work
+
+__all__ = ["Manager", "WorldSizeMode"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MANAGER_KEY_PREFIX = "torchft_pg/manager"
+
+
+class WorldSizeMode(Enum):
+    """DYNAMIC: every up-to-date replica takes part. FIXED_WITH_SPARES: exactly
+    `min_replica_size` take part; the others are spares contributing zeros."""
+
+    DYNAMIC = 0
+    FIXED_WITH_SPARES = 1
+
+
+class ManagerClientLike(Protocol):
+    """What the Manager needs of its replica group's manager server (fakes in unit tests)."""
+
+    def quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
+               timeout: timedelta, init_sync: bool = ..., commit_failures: int = ...,
+               step_time_ms: float = ...) -> QuorumResult: ...
+
+    def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str: ...
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool: ...
+
+
+class _ManagedWork(Work):
+    """A collective whose future never raises: errors become the default value."""
+
+    def __init__(self, proxy: ProxyFuture[Any]) -> None:
+        super().__init__()
+        self._proxy = proxy
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._proxy.future.wait()  # bounded: the proxy has a deadline
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._proxy.future
+
+    def is_completed(self) -> bool:
+        return self._proxy.done
+
+
+class Manager:
+    """Drives quorum, reconfiguration, healing and the commit vote for one rank.
+
+    Timeouts: `timeout` bounds each collective, heal transfer and commit vote;
+    `quorum_timeout` the quorum RPC; `connect_timeout` reaching a server.
+    `client` (this group's manager server), `connect_manager` (address ->
+    client of a healing source's server), `checkpoint_transport` and `clock`
+    can be injected: unit tests pass fakes, and then no server or store starts.
+    """
+
+    def __init__(
+        self,
+        pg: ProcessGroup,
+        load_state_dict: Callable[[Any], None] | None = None,
+        state_dict: Callable[[], Any] | None = None,
+        min_replica_size: int = 1,
+        use_async_quorum: bool = True,
+        timeout: timedelta = timedelta(seconds=60),
+        quorum_timeout: timedelta = timedelta(seconds=60),
+        connect_timeout: timedelta = timedelta(seconds=60),
+        rank: int | None = None,
+        world_size: int | None = None,
+        world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+        lighthouse_addr: str | None = None,
+        replica_id: str | None = None,
+        port: int | None = None,
+        hostname: str | None = None,
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        checkpoint_transport: CheckpointTransport[Any] | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
+        quorum_retries: int = 0,
+        client: ManagerClientLike | None = None,
+        connect_manager: Callable[[str], ManagerClientLike] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if min_replica_size < 1:
+            raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
+        if max_retries is not None and max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        self._pg = pg
+        self._min_replica_size = min_replica_size
+        self._use_async_quorum = use_async_quorum
+        self._timeout = timeout
+        self._quorum_timeout = quorum_timeout
+        self._connect_timeout = connect_timeout
+        self._world_size_mode = world_size_mode
+        self._init_sync = init_sync
+        self._max_retries = max_retries
+        self._clock = clock
+        self._states = StateDictRegistry()
+        if load_state_dict is not None and state_dict is not None:
+            self._states.register("default", load_state_dict, state_dict)
+
+        self._server: ManagerServer | None = None
+        self._subscription: Any = None
+        if client is None:
+            config = ManagerConfig.from_env(
+                lighthouse_addr=lighthouse_addr, rank=rank, world_size=world_size, store_addr=store_addr,
+                store_port=store_port, replica_id=replica_id, port=port,
+            )
+            self._group_rank, self._group_world_size = config.rank, config.world_size
+            client, self.replica_id = self._start(config, hostname, heartbeat_interval, quorum_retries)
+        else:
+            self._group_rank = rank if rank is not None else 0
+            self._group_world_size = world_size if world_size is not None else 1
+            self.replica_id = replica_id or "replica"
+        self._client = client
+        self._connect_manager = connect_manager or (lambda addr: ManagerClient(addr, self._connect_timeout))
+        self._transport: CheckpointTransport[Any] = checkpoint_transport or HTTPTransport(
+            timeout, advertise_host=hostname
+        )
+        if hasattr(client, "subscribe_failures"):
+            self._subscription = client.subscribe_failures(
+                self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
+            )
+
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchft_pg-quorum")
+        self._quorum_future: ThreadFuture[None] | None = None
+        self._pg_lock = threading.Lock()
+        self._inflight: set[ProxyFuture[Any]] = set()
+        self._inflight_lock = threading.Lock()
+
+        self._step = 0
+        self._batches_committed = 0
+        self._commit_failures = 0
+        self._epoch = ""
+        self._quorum_id = -1
+        self._participants: list[str] = []
+        self._participating_rank: int | None = None
+        self._participating_world_size = 0
+        self._healing = False
+        self._pending_user_state: dict[str, Any] | None = None
+        self._errored: Exception | None = None
+        self._last_start: float | None = None
+        self._step_time_ms = 0.0
+
+    # -- start-up ----------------------------------------------------------------
+    def _start(
+        self, config: ManagerConfig, hostname: str | None, heartbeat_interval: timedelta, quorum_retries: int
+    ) -> tuple[ManagerClient, str]:
+        """Group rank 0 starts the manager server; every rank finds it in the group store."""
+        from torch.distributed import PrefixStore, TCPStore
+
+        store = PrefixStore(
+            MANAGER_KEY_PREFIX,
+            TCPStore(config.store_addr, config.store_port, is_master=False, timeout=self._connect_timeout,
+                     wait_for_workers=False),
+        )
+        if config.rank == 0:
+            full_id = f"{config.replica_id}:{uuid.uuid4().hex[:12]}"  # a restarted group is a new member
+            assert config.lighthouse_addr is not None
+            self._server = ManagerServer(
+                full_id, config.lighthouse_addr, hostname=hostname, bind=f"[::]:{config.port}",
+                store_addr=f"{config.store_addr}:{config.store_port}", world_size=config.world_size,
+                heartbeat_interval=heartbeat_interval, connect_timeout=self._connect_timeout,
+                quorum_retries=quorum_retries,
+            )
+            store.set("manager_addr", self._server.address())
+            store.set("replica_id", full_id)
+        addr = store.get("manager_addr").decode()
+        full_id = store.get("replica_id").decode()
+        return ManagerClient(addr, self._connect_timeout), full_id
+
+    # -- per-step protocol -------------------------------------------------------
+    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None) -> None:
+        """Start this step's quorum in the background (healing too, if `allow_heal`).
+
+        Re-raises a failure of the previous quorum (e.g. QuorumTimeoutError).
+        """
+        if self._quorum_future is not None:
+            self._quorum_future.result()
+        now = self._clock()
+        if self._last_start is not None:
+            self._step_time_ms = (now - self._last_start) * 1000.0
+        self._last_start = now
+        self._errored = None
+        self._healing = False
+        self._quorum_future = self._executor.submit(
+            self._async_quorum, allow_heal, shrink_only, timeout or self._quorum_timeout
+        )
+        if not self._use_async_quorum:
+            self.wait_quorum()
+            self._apply_pending_state()
+
+    def wait_quorum(self) -> None:
+        """Block until this step's quorum (and any reconfiguration) is done."""
+        assert self._quorum_future is not None, "call start_quorum() first"
+        self._quorum_future.result()
+
+    def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
+        result = self._client.quorum(
+            self._group_rank, self._step, self._transport.metadata(), shrink_only, timeout,
+            init_sync=self._init_sync, commit_failures=self._commit_failures, step_time_ms=self._step_time_ms,
+        )
+        if self._use_async_quorum or not allow_heal:
+            rank, size = result.max_replica_rank, result.max_world_size
+        else:
+            rank, size = result.replica_rank, result.replica_world_size
+        if self._world_size_mode == WorldSizeMode.FIXED_WITH_SPARES:
+            size = min(size, self._min_replica_size)
+            rank = rank if rank is not None and rank < self._min_replica_size else None
+        self._participating_rank, self._participating_world_size = rank, size
+
+        if (result.epoch, result.quorum_id) != (self._epoch, self._quorum_id):
+            addr = f"{result.store_address}/torchft/{result.epoch}/{result.quorum_id}/{self._group_rank}"
+            logger.info("%s new quorum %s/%s: %d replicas %s, reconfiguring at %s", self._tag(),
+                        result.epoch, result.quorum_id, result.replica_world_size, result.replica_ids, addr)
+            try:
+                with self._pg_lock:
+                    self._pg.configure(addr, result.replica_rank, result.replica_world_size)
+            except Exception as e:
+                self.report_error(e)
+                return
+            self._epoch, self._quorum_id, self._participants = result.epoch, result.quorum_id, list(result.replica_ids)
+        if allow_heal:
+            self._heal(result, timeout)
+
+    def _heal(self, result: QuorumResult, timeout: timedelta) -> None:
+        try:
+            if result.recover_dst_replica_ranks:
+                self._transport.send_checkpoint(
+                    result.recover_dst_replica_ranks, result.max_step, self._states.payload(self._counters()), self._timeout
+                )
+            if result.heal:
+                self._healing = True
+                start = time.perf_counter()
+                source = self._connect_manager(result.recover_src_manager_address)
+                try:
+                    metadata = source.checkpoint_metadata(self._group_rank, self._timeout)
+                finally:
+                    close = getattr(source, "close", None)
+                    if close is not None:
+                        close()
+                assert result.recover_src_replica_rank is not None
+                payload = self._transport.recv_checkpoint(
+                    result.recover_src_replica_rank, metadata, result.max_step, self._timeout
+                )
+                self._pending_user_state = payload["user"]
+                self.load_state_dict(payload["torchft"])
+                logger.info("%s healed to step %d from replica rank %s in %.3f s", self._tag(), self._step,
+                            result.recover_src_replica_rank, time.perf_counter() - start)
+        except Exception as e:
+            self.report_error(RecoveryError(f"healing at step {result.max_step} failed: {e}"))
+
+    def _apply_pending_state(self) -> None:
+        state, self._pending_user_state = self._pending_user_state, None
+        if state is not None:
+            try:
+                self._states.apply(state)
+            except Exception as e:
+                self.report_error(RecoveryError(f"applying the healed state failed: {e}"))
+            self._healing = False
+
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,
+                  reduce_op: ReduceOp.RedOpType = ReduceOp.AVG) -> Work:
+        """Allreduce `tensor` across participating replicas; never raises.
+
+        AVG divides by the number of participants (floating tensors only); a
+        healing or spare replica contributes zeros. On any failure the tensor
+        is left as is, the error is reported and this step's vote becomes no.
+        """
+        if should_quantize:
+            raise NotImplementedError("quantized allreduce is not supported")
+        if self._errored is not None:
+            return completed_work(tensor)
+        average = reduce_op == ReduceOp.AVG
+        if average and not tensor.is_floating_point():
+            raise ValueError(f"AVG allreduce needs a floating tensor, got dtype {tensor.dtype}")
+        try:
+            self.wait_quorum()
+            if not self.is_participating():
+                tensor.zero_()
+            divisor = max(self.num_participants(), 1)
+            work = self._pg.allreduce([tensor], ReduceOp.SUM if average else reduce_op)
+            source = work.get_future()
+        except Exception as e:
+            self.report_error(e)
+            return completed_work(tensor)
+
+        def finish(_: Any) -> torch.Tensor:
+            return tensor.div_(divisor) if average else tensor
+
+        proxy: ProxyFuture[torch.Tensor] = ProxyFuture(source, tensor, self.report_error, self._timeout, finish)
+        with self._inflight_lock:
+            self._inflight.add(proxy)
+        proxy.future.add_done_callback(lambda _: self._forget(proxy))
+        if self._errored is not None:  # a failure notice raced with our submit
+            proxy.abort(self._errored)
+        return _ManagedWork(proxy)
+
+    def _forget(self, proxy: ProxyFuture[Any]) -> None:
+        with self._inflight_lock:
+            self._inflight.discard(proxy)
+
+    def should_commit(self, timeout: timedelta | None = None) -> bool:
+        """Vote on this step with every rank of the group; True means apply it.
+
+        Must be called by every group rank once per step. Raises
+        CommitFailedError after more than `max_retries` failed commits in a row.
+        """
+        try:
+            self.wait_quorum()
+        except Exception as e:
+            self.report_error(e)
+        pg_error = self._pg.errored()
+        if pg_error is not None:
+            self.report_error(pg_error)
+        self._apply_pending_state()
+        participants = self._participating_world_size if self._errored is None else 0
+        vote = self._errored is None and participants >= self._min_replica_size
+        decision = self._client.should_commit(self._group_rank, self._step, vote, timeout or self._timeout)
+        self._transport.disallow_checkpoint()
+        if decision:
+            self._step += 1
+            self._batches_committed += participants
+            self._commit_failures = 0
+        else:
+            self._commit_failures += 1
+        logger.info("%s %s (vote %s, %d participants, error: %s)", self._tag(),
+                    "committed" if decision else "discarded", vote, participants, self._errored)
+        if not decision and self._max_retries is not None and self._commit_failures > self._max_retries:
+            raise CommitFailedError(
+                f"{self._commit_failures} commits failed in a row (max_retries={self._max_retries})"
+            )
+        return decision
+
+    # -- errors ------------------------------------------------------------------
+    def report_error(self, e: Exception) -> None:
+        """Mark this step failed: later allreduces are skipped and the vote is no."""
+        if self._errored is None:
+            self._errored = e
+            logger.warning("%s step failed: %s: %s", self._tag(), type(e).__name__, e)
+
+    def errored(self) -> Exception | None:
+        return self._errored
+
+    def wrap_future(self, fut: Future[T], default: T, timeout: timedelta | None = None) -> Future[T]:
+        """`fut`, but an error or timeout yields `default` and is reported instead."""
+        return ProxyFuture(fut, default, self.report_error, timeout or self._timeout).future
+
+    def _on_failure_notice(self, notice: FailureNotice) -> None:
+        dead = set(notice.dead_replica_ids) & set(self._participants)
+        if not dead or (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
+            return
+        error = ProcessGroupError(f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}")
+        self.report_error(error)
+        with self._inflight_lock:
+            inflight = list(self._inflight)
+        for proxy in inflight:
+            proxy.abort(error)
+        with self._pg_lock:
+            if (notice.epoch, notice.quorum_id) == (self._epoch, self._quorum_id):
+                self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
+
+    def _on_watch_error(self, e: Exception) -> None:
+        logger.warning("%s failure-notice stream broke: %s", self._tag(), e)
+
+    # -- accessors ---------------------------------------------------------------
+    @property
+    def pg(self) -> ProcessGroup:
+        return self._pg
+
+    def current_step(self) -> int:
+        return self._step
+
+    def batches_committed(self) -> int:
+        return self._batches_committed
+
+    def num_participants(self) -> int:
+        if self._quorum_future is not None:
+            self.wait_quorum()
+        return self._participating_world_size
+
+    def participating_rank(self) -> int | None:
+        if self._quorum_future is not None:
+            self.wait_quorum()
+        return self._participating_rank
+
+    def is_participating(self) -> bool:
+        return self.participating_rank() is not None and not self._healing
+
+    def quorum_id(self) -> tuple[str, int]:
+        """(epoch, quorum id) of the group this rank is configured for."""
+        return self._epoch, self._quorum_id
+
+    def register_state_dict_fn(self, key: str, load: Callable[[Any], None], save: Callable[[], Any]) -> None:
+        """Register user state (model, optimizer, …) that healing transfers."""
+        self._states.register(key, load, save)
+
+    def set_state_dict_fns(self, load: Callable[[Any], None], save: Callable[[], Any]) -> None:
+        """Deprecated torchft spelling of ``register_state_dict_fn("default", ...)``."""
+        self._states.register("default", load, save)
+
+    def _counters(self) -> dict[str, int]:
+        return {"step": self._step, "batches_committed": self._batches_committed}
+
+    def state_dict(self) -> dict[str, int]:
+        """The Manager's own state; checkpoint it with the model."""
+        return self._counters()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._step = int(state["step"])
+        self._batches_committed = int(state["batches_committed"])
+
+    def _tag(self) -> str:
+        return f"[replica {self.replica_id} rank {self._group_rank} step {self._step} quorum {self._epoch}/{self._quorum_id}]"
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop background work, the transport, the PG and (rank 0) the manager server."""
+        if self._subscription is not None:
+            self._subscription.cancel()
+        self._executor.shutdown(wait=wait)
+        self._transport.shutdown(wait=wait)
+        self._pg.shutdown()
+        if self._server is not None:
+            self._server.shutdown()
+        close = getattr(self._client, "close", None)
+        if close is not None:
+            close()
