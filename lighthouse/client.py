@@ -231,10 +231,15 @@ class FailureSubscription:
                 except Exception:
                     log.exception("failure-notice callback raised")
         except grpc.RpcError as exc:
-            if not self._cancelled.is_set() and self._on_error is not None:
-                self._on_error(ManagerUnavailableError(f"failure subscription ended: {exc}"))
+            self._report(f"failure subscription broke: {exc}")
+        else:
+            self._report("failure subscription ended: the manager server shut down")
         finally:
             self.done.set()
+
+    def _report(self, msg: str) -> None:
+        if not self._cancelled.is_set() and self._on_error is not None:
+            self._on_error(ManagerUnavailableError(msg))
 
     def wait_ready(self, timeout: timedelta) -> bool:
         """Wait until the subscription is live; False if ``timeout`` passed first."""

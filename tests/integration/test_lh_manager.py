@@ -200,3 +200,17 @@ def test_fuzzed_manager_requests_never_stop_the_server() -> None:
         out = in_threads([lambda g=g: c.quorum(g, 1, "", False, T) for g in range(2)])
         assert [r.replica_rank for r in out] == [0, 0], out
         assert in_threads([lambda g=g: c.should_commit(g, 1, True, T) for g in range(2)]) == [True, True]
+
+
+def test_subscription_reports_when_its_manager_server_goes_away() -> None:
+    errors: list[Exception] = []
+    ended = threading.Event()
+    with lighthouse() as lh, managers(lh, 1, world_size=1) as (ms,):
+        sub = ManagerClient(ms.address()).subscribe_failures(
+            lambda n: None, on_error=lambda e: (errors.append(e), ended.set())
+        )
+        assert sub.wait_ready(T)
+        ms.shutdown()
+        assert ended.wait(5)
+        sub.cancel()
+    assert "manager server" in str(errors[0]) or "broke" in str(errors[0])
