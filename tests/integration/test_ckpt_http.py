@@ -21,7 +21,7 @@ import torch
 import torchft_pg.checkpointing.http_transport as http_transport
 from torchft_pg.checkpointing import HTTPTransport
 from torchft_pg.checkpointing.http_transport import default_advertise_host
-from torchft_pg.checkpointing.serialization import FORMAT, decode_skeleton
+from torchft_pg.checkpointing.skeleton import FORMAT, decode_skeleton
 from torchft_pg.errors import RecoveryError
 
 T = timedelta(seconds=10)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import pickle
 from collections import OrderedDict
 from pathlib import Path
@@ -11,13 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from torchft_pg.checkpointing.serialization import (
-    FORMAT,
-    decode_skeleton,
-    pack,
-    prepare_receive,
-    unpack,
-)
+from torchft_pg.checkpointing.serialization import SMALL_BLOB_BYTES, pack, prepare_receive, unpack
+from torchft_pg.checkpointing.skeleton import FORMAT, decode_skeleton
 from torchft_pg.errors import RecoveryError
 
 
@@ -127,8 +123,8 @@ def test_unsupported_leaf_names_its_path() -> None:
 
 
 def test_in_place_receive_reuses_destination_memory() -> None:
-    src = {"w": torch.randn(8, 8), "v": torch.randn(4)[::2], "b": torch.ones(3)}
-    dst = {"w": torch.zeros(8, 8), "v": torch.zeros(2), "b": torch.zeros(2)}  # b: other shape
+    src = {"w": torch.randn(600, 600), "v": torch.randn(4)[::2], "b": torch.ones(3)}
+    dst = {"w": torch.zeros(600, 600), "v": torch.zeros(2), "b": torch.zeros(2)}  # b: other shape
     packed = pack(src, 2)
     skeleton = decode_skeleton(packed.skeleton_bytes)
     dests, direct, blobs = prepare_receive(skeleton, dst, torch.device("cpu"))
@@ -168,33 +164,47 @@ def _forge(**override: Any) -> bytes:
         "format": FORMAT,
         "step": 1,
         "serial": "x",
-        "tree": ("T", 0),
-        "tensors": [(0, 0, torch.float32, [4], [1], ())],
+        "tree": ["D", [[["V", "w"], ["T", 0]], [["V", 3], ["E", "cuda:0"]]]],
+        "tensors": [[0, 0, "float32", [4], [1]]],
         "blobs": [16],
     }
     fields.update(override)
-    buf = io.BytesIO()
-    torch.save(fields, buf)
-    return buf.getvalue()
+    return json.dumps(fields).encode()
 
 
 @pytest.mark.parametrize(
     ("override", "match"),
     [
-        ({"tensors": [(0, 0, torch.float32, [100], [1], ())]}, "needs bytes up to 400"),
-        ({"tensors": [(3, 0, torch.float32, [4], [1], ())]}, "out of range"),
-        ({"tensors": [(0, 2, torch.float32, [1], [1], ())]}, "misaligned"),
-        ({"tensors": [(0, 0, "float32", [4], [1], ())]}, "malformed"),
-        ({"tree": ("T", 5)}, "out of range"),
-        ({"tree": ("X", 0)}, "unknown tree node"),
+        ({"tensors": [[0, 0, "float32", [100], [1]]]}, "needs bytes up to 400"),
+        ({"tensors": [[3, 0, "float32", [4], [1]]]}, "out of range"),
+        ({"tensors": [[0, 2, "float32", [1], [1]]]}, "misaligned"),
+        ({"tensors": [[0, 0, "float99", [4], [1]]]}, "malformed"),
+        ({"tensors": [[0, 0, "float32", [-4], [1]]]}, "non-negative"),
+        ({"tree": ["T", 5]}, "out of range"),
+        ({"tree": ["L", [["T", 0], ["T", 0]]]}, "repeated"),
+        ({"tree": ["X", 0]}, "unknown or malformed leaf"),
+        ({"tree": ["B", "zz"]}, "not hex"),
         ({"format": "other"}, "format"),
         ({"step": "1"}, "step must be int"),
     ],
 )
 def test_forged_metadata_is_refused(override: dict[str, Any], match: str) -> None:
-    assert decode_skeleton(_forge()).blob_sizes == [16]
+    ok = decode_skeleton(_forge())
+    assert ok.blob_sizes == [16] and ok.paths == [("w",)]
+    assert ok.tree[3] == torch.device("cuda", 0)
     with pytest.raises(RecoveryError, match=match):
         decode_skeleton(_forge(**override))
+
+
+def test_many_small_tensors_share_one_blob() -> None:
+    sd = {f"layer{i}": {"w": torch.randn(16, 16), "b": torch.randn(16)} for i in range(200)}
+    sd["big"] = torch.randn(SMALL_BLOB_BYTES // 4 + 1)
+    packed = pack(sd, 1)
+    assert len(packed.blobs) == 2, "one combined blob for the small tensors + the big one"
+    assert packed.blobs[0].data_ptr() == sd["big"].data_ptr(), (
+        "big tensors are sent from their own memory"
+    )
+    assert_same(sd, roundtrip(sd))
 
 
 def test_garbage_metadata_is_refused() -> None:

@@ -2,8 +2,8 @@
 
 `HTTPTransport` (pull over HTTP, chunked and parallel) and `PGTransport` (push
 over an already configured process group) share one wire format
-(`serialization`): a weights-only metadata skeleton plus raw tensor bytes with
-checksums (`layout`).
+(`serialization`): a validated JSON skeleton (`skeleton`; nothing from a peer is
+ever unpickled) plus raw tensor bytes with per-piece checksums (`layout`).
 """
 
 from torchft_pg.checkpointing.http_transport import HTTPTransport

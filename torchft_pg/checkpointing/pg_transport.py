@@ -27,12 +27,12 @@ import torch
 
 from torchft_pg.checkpointing.layout import Digest, Segment, byte_view, iter_pieces, piece_digest
 from torchft_pg.checkpointing.serialization import (
-    MAX_SKELETON_BYTES,
     decode_skeleton,
     pack,
     prepare_receive,
     unpack,
 )
+from torchft_pg.checkpointing.skeleton import MAX_SKELETON_BYTES
 from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer
 from torchft_pg.errors import RecoveryError
 
