@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-import torchft_pg.checkpointing.http_transport as http_transport
+import torchft_pg.checkpointing.http_fetch as http_fetch
 from torchft_pg.checkpointing import HTTPTransport
 from torchft_pg.checkpointing.http_transport import default_advertise_host
 from torchft_pg.checkpointing.skeleton import FORMAT, decode_skeleton
@@ -155,13 +155,13 @@ def test_disallow_cuts_an_in_flight_transfer(
 def test_checksum_mismatch_raises(
     sender: HTTPTransport[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = http_transport.piece_digest
+    real = http_fetch.piece_digest
 
     def corrupt_on_receive(piece: torch.Tensor) -> int:
         value = real(piece)
         return value ^ 1 if threading.current_thread().name.startswith("ckpt-fetch") else value
 
-    monkeypatch.setattr(http_transport, "piece_digest", corrupt_on_receive)
+    monkeypatch.setattr(http_fetch, "piece_digest", corrupt_on_receive)
     sender.send_checkpoint([1], 1, state_dict(), T)
     r = receiver(num_chunks=2)
     try:

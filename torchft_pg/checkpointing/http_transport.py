@@ -22,13 +22,11 @@ clusters. Pass `advertise_host` (the address of the NIC heals should use).
 from __future__ import annotations
 
 import contextlib
-import http.client
 import socket
 import socketserver
 import threading
 import urllib.parse
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Generic, TypeVar
@@ -41,6 +39,7 @@ from torchft_pg.checkpointing.gate import (
     ServingGate,
     WrongStepError,
 )
+from torchft_pg.checkpointing.http_fetch import ChunkFetcher
 from torchft_pg.checkpointing.layout import (
     Digest,
     byte_view,
@@ -50,7 +49,6 @@ from torchft_pg.checkpointing.layout import (
 )
 from torchft_pg.checkpointing.serialization import (
     Packed,
-    Skeleton,
     decode_skeleton,
     pack,
     prepare_receive,
@@ -63,7 +61,6 @@ __all__ = ["HTTPTransport", "default_advertise_host"]
 
 T = TypeVar("T")
 _WILDCARDS = ("", "0.0.0.0", "::")
-_GRACE_S = 0.25  # receiver socket slack beyond the server-side wait, seconds
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -307,7 +304,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         url = urllib.parse.urlsplit(metadata)
         if url.scheme != "http" or not url.hostname or not url.port or not url.path.endswith("/"):
             raise ValueError(f"metadata must be 'http://host:port/checkpoint/', got {metadata!r}")
-        fetch = _Fetcher(
+        fetch = ChunkFetcher(
             url.hostname, url.port, url.path, step, deadline, f"rank {src_rank} at {metadata}"
         )
         skeleton = decode_skeleton(fetch.get_meta())
@@ -337,121 +334,3 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         self._server.server_close()
         if wait:
             self._thread.join(timeout=self._timeout_s)
-
-
-class _Cancelled(RecoveryError):
-    """A chunk stopped because another chunk of the same receive failed."""
-
-
-class _Fetcher:
-    """One receive: the metadata request and the chunk requests, under one deadline."""
-
-    def __init__(
-        self, host: str, port: int, prefix: str, step: int, deadline: Deadline, peer: str
-    ) -> None:
-        self.host, self.port, self.prefix, self.step = host, port, prefix, step
-        self.deadline, self.peer = deadline, peer
-        self.cancel = threading.Event()
-
-    def _open(
-        self, path: str
-    ) -> tuple[http.client.HTTPConnection, socket.socket, http.client.HTTPResponse]:
-        left = self.deadline.check(f"receiving step {self.step} from {self.peer}")
-        wait_ms = int(max(0.0, left - 0.05) * 1000)
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=left + _GRACE_S)
-        sep = "&" if "?" in path else "?"
-        try:
-            conn.request("GET", f"{self.prefix}{self.step}/{path}{sep}wait_ms={wait_ms}")
-            sock = conn.sock  # getresponse() drops it from conn for HTTP/1.0; the response keeps it
-            assert sock is not None
-            resp = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise self._failed(f"request {path!r}", exc) from exc
-        if resp.status != 200:
-            body = resp.read(4096).decode(errors="replace")
-            conn.close()
-            raise RecoveryError(
-                f"{self.peer} answered {resp.status} for step {self.step} ({path}): {body}"
-            )
-        return conn, sock, resp
-
-    def _failed(self, what: str, exc: BaseException) -> RecoveryError:
-        return RecoveryError(
-            f"{what} for step {self.step} from {self.peer} failed after {self.deadline.elapsed():.3f} s "
-            f"(timeout {self.deadline.timeout_s:.3f} s): {type(exc).__name__}: {exc}"
-        )
-
-    def get_meta(self) -> bytes:
-        conn, _, resp = self._open("meta")
-        try:
-            return resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise self._failed("reading metadata", exc) from exc
-        finally:
-            conn.close()
-
-    def get_chunks(self, skeleton: Skeleton, blobs: list[torch.Tensor], n: int) -> None:
-        if n == 1:
-            self._chunk(skeleton, blobs, 0, 1)
-            return
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="ckpt-fetch") as pool:
-            futures = [pool.submit(self._chunk, skeleton, blobs, i, n) for i in range(n)]
-            errors = [f.exception() for f in futures]  # waits for all; each is deadline-bounded
-        real = [e for e in errors if e is not None and not isinstance(e, _Cancelled)]
-        first = real[0] if real else next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-
-    def _chunk(self, skeleton: Skeleton, blobs: list[torch.Tensor], i: int, n: int) -> None:
-        segments = plan_chunks(skeleton.blob_sizes, n)[i]
-        if not segments:
-            return
-        try:
-            conn, sock, resp = self._open(f"chunk/{i}/{n}?serial={skeleton.serial}")
-        except BaseException:
-            self.cancel.set()
-            raise
-        digest = Digest()
-        try:
-            for seg in segments:
-                for p in iter_pieces(seg):
-                    if self.cancel.is_set():
-                        raise _Cancelled(f"chunk {i}/{n} cancelled: another chunk failed")
-                    view = blobs[p.blob][p.offset : p.offset + p.length]
-                    self._read_exact(sock, resp, byte_view(view))
-                    digest.update(piece_digest(view))
-            trailer = bytearray(8)
-            self._read_exact(sock, resp, memoryview(trailer))
-        except (OSError, http.client.HTTPException) as exc:
-            self.cancel.set()
-            raise self._failed(f"reading chunk {i}/{n}", exc) from exc
-        except BaseException:
-            self.cancel.set()
-            raise
-        finally:
-            resp.close()
-            conn.close()
-        sent = int.from_bytes(trailer, "little")
-        if sent != digest.value:
-            self.cancel.set()
-            raise RecoveryError(
-                f"checksum mismatch in chunk {i}/{n} of step {self.step} from {self.peer}: "
-                f"sender {sent:#018x}, received {digest.value:#018x}"
-            )
-
-    def _read_exact(
-        self, sock: socket.socket, resp: http.client.HTTPResponse, buf: memoryview
-    ) -> None:
-        got = 0
-        while got < len(buf):
-            sock.settimeout(
-                self.deadline.check(f"receiving step {self.step} from {self.peer}") + _GRACE_S
-            )
-            k = resp.readinto(buf[got:])
-            if not k:
-                raise RecoveryError(
-                    f"{self.peer} closed the connection for step {self.step} after {got} of {len(buf)} bytes "
-                    "of a piece (sender disallowed the checkpoint, died, or timed out)"
-                )
-            got += k
