@@ -55,6 +55,7 @@ def test_nested_pytree_with_optimizer_like_leaves_roundtrips() -> None:
             ],
         },
         "misc": [1, 2.5, True, None, "s", b"raw", 1 + 2j, torch.float16, torch.device("cpu")],
+        "edge": [float("inf"), -0.0, 2**80, "ünï", {True: 1, 1.5: 2, None: 3, b"k": 4}],
         "size": torch.Size([2, 3]),
         7: (torch.arange(3),),
     }
@@ -186,6 +187,7 @@ def _forge(**override: Any) -> bytes:
         ({"tree": ["B", "zz"]}, "not hex"),
         ({"format": "other"}, "format"),
         ({"step": "1"}, "step must be int"),
+        ({"blobs": [1 << 40]}, "blob 0 has 1099511627776 bytes but its tensors use 16"),
     ],
 )
 def test_forged_metadata_is_refused(override: dict[str, Any], match: str) -> None:

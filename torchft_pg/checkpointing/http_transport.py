@@ -57,10 +57,12 @@ from torchft_pg.checkpointing.serialization import (
 from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer, logger
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["HTTPTransport", "default_advertise_host"]
+__all__ = ["MAX_CHUNKS", "HTTPTransport", "default_advertise_host"]
 
 T = TypeVar("T")
 _WILDCARDS = ("", "0.0.0.0", "::")
+#: Most chunks a checkpoint may be split into (bounds the server's per-request plan).
+MAX_CHUNKS = 256
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -120,7 +122,7 @@ def _parse(path: str) -> tuple[int, str, int, int, dict[str, str]]:
             return int(parts[1]), "meta", 0, 1, query
         if len(parts) == 5 and parts[0] == "checkpoint" and parts[2] == "chunk":
             step, i, n = int(parts[1]), int(parts[3]), int(parts[4])
-            if 0 <= i < n:
+            if 0 <= i < n <= MAX_CHUNKS:
                 return step, "chunk", i, n, query
     except ValueError as exc:
         raise ValueError(usage) from exc
@@ -236,8 +238,8 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
     ) -> None:
         if timeout <= timedelta(0):
             raise ValueError(f"timeout must be positive, got {timeout}")
-        if num_chunks < 0:
-            raise ValueError(f"num_chunks must be >= 0, got {num_chunks}")
+        if not 0 <= num_chunks <= MAX_CHUNKS:
+            raise ValueError(f"num_chunks must be in [0, {MAX_CHUNKS}], got {num_chunks}")
         self._timeout_s = timeout.total_seconds()
         self._num_chunks = num_chunks
         self._state_dict = state_dict

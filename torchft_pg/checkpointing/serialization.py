@@ -219,10 +219,17 @@ def prepare_receive(
     """
     dests = destinations(skeleton, template) if template is not None else {}
     direct = direct_targets(skeleton, {i: d for i, d in dests.items() if d.device == device})
-    blobs = [
-        direct[b] if b in direct else torch.empty(size, dtype=torch.uint8, device=device)
-        for b, size in enumerate(skeleton.blob_sizes)
-    ]
+    blobs = []
+    for b, size in enumerate(skeleton.blob_sizes):
+        if b in direct:
+            blobs.append(direct[b])
+            continue
+        try:
+            blobs.append(torch.empty(size, dtype=torch.uint8, device=device))
+        except RuntimeError as exc:  # out of memory
+            raise RecoveryError(
+                f"cannot allocate {size} bytes on {device} for blob {b}: {exc}"
+            ) from exc
     return dests, set(direct), blobs
 
 

@@ -174,6 +174,13 @@ def decode_skeleton(data: bytes) -> Skeleton:
     tree = _decode_node(doc.get("tree"), (), paths, 0)
     if any(p is None for p in paths):
         raise _bad("some tensors are not referenced by the tree")
+    used = [0] * len(sizes)
+    for m in metas:
+        if m.blob >= 0:
+            used[m.blob] = max(used[m.blob], _end(m))
+    for b, (size, end) in enumerate(zip(sizes, used, strict=True)):
+        if not 0 < size <= end + 64:  # 64: alignment padding at most
+            raise _bad(f"blob {b} has {size} bytes but its tensors use {end}")
     assert isinstance(step, int)
     return Skeleton(step, serial, tree, metas, [p for p in paths if p is not None], sizes)
 
@@ -196,12 +203,18 @@ def _decode_meta(i: int, r: Any, sizes: list[int]) -> TensorMeta:
     else:
         if not 0 <= blob < len(sizes) or offset < 0 or offset % itemsize:
             raise _bad(f"tensor {i}: blob {blob} / offset {offset} out of range or misaligned")
-        end = offset + (sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) + 1) * itemsize
+        end = _end(TensorMeta(blob, offset, dtype, tuple(shape), tuple(stride)))
         if end > sizes[blob]:
             raise _bad(
                 f"tensor {i}: needs bytes up to {end} of blob {blob}, which has {sizes[blob]}"
             )
     return TensorMeta(blob, offset, dtype, tuple(shape), tuple(stride))
+
+
+def _end(m: TensorMeta) -> int:
+    """One past the last byte of blob `m.blob` that tensor `m` uses (numel > 0)."""
+    last = sum((n - 1) * s for n, s in zip(m.shape, m.stride, strict=True))
+    return m.offset + (last + 1) * m.dtype.itemsize
 
 
 def _decode_leaf(tag: str, val: Any) -> Any:
