@@ -19,6 +19,7 @@ contiguity match (the in-place path; otherwise it copies into them).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
@@ -42,6 +43,10 @@ T = TypeVar("T")
 _MAGIC = 0x74667067636B7074  # "tfpgckpt"
 _VERSION = 1
 _TAG_HEADER, _TAG_SKELETON, _TAG_DIGESTS, _TAG_BLOB = 1, 2, 3, 16
+#: Blob sends/receives kept in flight at once: raw Gloo moved 400 MB in 0.16 s with
+#: every transfer posted up front vs 0.22 s one at a time; a window bounds the
+#: device copies a CPU state dict needs when `device` is an accelerator.
+_WINDOW = 4
 
 
 class _Work(Protocol):
@@ -132,14 +137,20 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
             start = Deadline(timeout)
             self._wait(self._pg.send([header], dst, _TAG_HEADER), deadline, f"{where} (header)")
             self._wait(self._pg.send([skel], dst, _TAG_SKELETON), deadline, f"{where} (metadata)")
+            inflight: deque[tuple[int, Any, torch.Tensor]] = deque()
             for i, blob in enumerate(packed.blobs):
                 if blob.numel() == 0:
                     continue
                 b = blob if blob.device == dev else blob.to(dev)
-                work = self._pg.send([b], dst, _TAG_BLOB + i)
+                inflight.append((i, self._pg.send([b], dst, _TAG_BLOB + i), b))
                 if digests[i] is None:
-                    digests[i] = blob_digest(b)  # overlaps with the send in flight
-                self._wait(work, deadline, f"{where} (blob {i})")
+                    digests[i] = blob_digest(b)  # overlaps with the sends in flight
+                while len(inflight) >= _WINDOW:
+                    j, work, _ = inflight.popleft()
+                    self._wait(work, deadline, f"{where} (blob {j})")
+            while inflight:
+                j, work, _ = inflight.popleft()
+                self._wait(work, deadline, f"{where} (blob {j})")
             sums = torch.tensor([_signed(d or 0) for d in digests], dtype=torch.int64, device=dev)
             self._wait(self._pg.send([sums], dst, _TAG_DIGESTS), deadline, f"{where} (checksums)")
             log_transfer(
@@ -154,15 +165,14 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
     def _recv_blobs(
         self, src: int, blobs: list[torch.Tensor], order: list[int], deadline: Deadline, where: str
     ) -> dict[int, int]:
-        """Receive blobs `order` in turn; checksum each while the next one arrives."""
+        """Receive blobs `order`, `_WINDOW` in flight; checksum each while later ones arrive."""
         got: dict[int, int] = {}
-        pending = self._pg.recv([blobs[order[0]]], src, _TAG_BLOB + order[0]) if order else None
+        works = {i: self._pg.recv([blobs[i]], src, _TAG_BLOB + i) for i in order[:_WINDOW]}
         for k, i in enumerate(order):
-            work = pending
-            self._wait(work, deadline, f"{where} (blob {i})")
-            if k + 1 < len(order):
-                nxt = order[k + 1]
-                pending = self._pg.recv([blobs[nxt]], src, _TAG_BLOB + nxt)
+            self._wait(works.pop(i), deadline, f"{where} (blob {i})")
+            if k + _WINDOW < len(order):
+                nxt = order[k + _WINDOW]
+                works[nxt] = self._pg.recv([blobs[nxt]], src, _TAG_BLOB + nxt)
             got[i] = blob_digest(blobs[i])
         return got
 
