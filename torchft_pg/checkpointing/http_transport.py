@@ -25,6 +25,7 @@ import contextlib
 import socket
 import socketserver
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
@@ -185,7 +186,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as exc:
             logger.exception("checkpoint server error on %s", self.path)
-            self._error(500, f"{type(exc).__name__}: {exc}")
+            self.close_connection = True
+            with contextlib.suppress(OSError):  # headers may already be out; then the
+                self._error(500, f"{type(exc).__name__}: {exc}")  # receiver sees a bad body
 
     def _send_meta(self, packed: Packed) -> None:
         self.send_response(200)
@@ -200,7 +203,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(sum(s.length for s in segments) + 8))
         self.end_headers()
-        gate, digest = self.server.transport._gate, Digest()
+        gate, digest, start = self.server.transport._gate, Digest(), time.monotonic()
         for seg in segments:
             for p in iter_pieces(seg):
                 if not gate.is_current(packed):
@@ -209,6 +212,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(byte_view(view))
                 digest.update(piece_digest(view))
         self.wfile.write(digest.value.to_bytes(8, "little"))
+        nbytes, secs = sum(s.length for s in segments), time.monotonic() - start
+        logger.debug(
+            "served step=%d chunk %d/%d bytes=%d seconds=%.4f", packed.step, i, n, nbytes, secs
+        )
 
 
 class HTTPTransport(CheckpointTransport[T], Generic[T]):
@@ -221,7 +228,8 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         num_chunks: receive in this many parallel chunks/connections; 0 means one
             streamed request.
         bind_host: address to listen on ("0.0.0.0" = every IPv4 interface; an
-            IPv6 literal listens on IPv6). The port is ephemeral.
+            IPv6 literal listens on IPv6). The port is ephemeral. There is no
+            authentication: bind to the network heals should use.
         advertise_host: the address put into `metadata()`; default
             `default_advertise_host(bind_host)`.
         state_dict: optional callable returning the receiver's current state
@@ -269,8 +277,9 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
     ) -> None:
         """Serve `state_dict` as `step` until `disallow_checkpoint` (pull model: `dst_ranks` unused).
 
-        CPU tensors are served from their own memory (no copy); accelerator
-        tensors are copied to CPU first. `timeout` is unused (nothing blocks).
+        Large CPU tensors are served from their own memory (no copy), tensors
+        under 1 MiB from one combined copy, accelerator tensors from a CPU copy.
+        Returns at once; `timeout` is unused.
         """
         del dst_ranks, timeout
         packed = pack(state_dict, step)

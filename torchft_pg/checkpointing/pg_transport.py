@@ -11,10 +11,13 @@ one destination, in order:
 4. the blob checksums, int64[blob count] (`layout.piece_digest` per piece,
    folded per blob; computed while the sends are in flight).
 
-The receiver checks the magic and step before allocating anything, posts the
-next blob's receive before checksumming the current one, and receives straight
-into its own tensors when `state_dict` is given and path, dtype, shape and
-contiguity match (the in-place path; otherwise it copies into them).
+Both ends keep `_WINDOW` blob transfers in flight and checksum one blob while
+later ones move. The receiver checks the magic and step before allocating
+anything, and receives straight into its own tensors when `state_dict` is
+given and path, dtype, shape and contiguity match (the in-place path; other
+matching tensors are copied into). A receiver that refuses a transfer (wrong
+step, bad metadata) does not tell the sender, whose sends then fail at its
+own timeout; the caller reconfigures the PG after any failed heal anyway.
 """
 
 from __future__ import annotations
@@ -47,10 +50,6 @@ _TAG_HEADER, _TAG_SKELETON, _TAG_DIGESTS, _TAG_BLOB = 1, 2, 3, 16
 #: every transfer posted up front vs 0.22 s one at a time; a window bounds the
 #: device copies a CPU state dict needs when `device` is an accelerator.
 _WINDOW = 4
-
-
-class _Work(Protocol):
-    def wait(self, timeout: timedelta = ...) -> bool: ...
 
 
 class SendRecvGroup(Protocol):
