@@ -7,11 +7,13 @@ the bucket as it is; the step is then rejected by the commit vote, never
 raised into backward().
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: DDP checks the hook's annotations
+# against the real GradBucket and Future classes.
 
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.futures import Future
 from torch.nn import parallel
 
@@ -36,5 +38,5 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
         self.register_comm_hook(manager, _manager_comm_hook)
 
 
-def _manager_comm_hook(manager: Manager, bucket: Any) -> Future[torch.Tensor]:
+def _manager_comm_hook(manager: Manager, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     return manager.allreduce(bucket.buffer()).get_future()
