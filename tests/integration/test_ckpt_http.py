@@ -125,7 +125,7 @@ def test_reader_waits_for_send_and_is_blocked_after_disallow(
             check_same(sd, fut.result(timeout=10))
         sender.disallow_checkpoint()
         with pytest.raises(RecoveryError, match="503"):
-            r.recv_checkpoint(0, sender.metadata(), 7, SHORT)
+            r.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=0.2))
     finally:
         r.shutdown()
 
@@ -214,7 +214,7 @@ def test_malicious_metadata_from_a_peer_is_refused(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     handler = type("H", (_EvilHandler,), {"marker": marker})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     r = receiver()
     try:
