@@ -22,7 +22,7 @@ from torchft_pg.checkpointing.layout import (
     piece_digest,
     plan_chunks,
 )
-from torchft_pg.checkpointing.skeleton import Skeleton
+from torchft_pg.checkpointing.skeleton import MAX_SKELETON_BYTES, Skeleton
 from torchft_pg.checkpointing.transport import Deadline
 from torchft_pg.errors import RecoveryError
 
@@ -83,6 +83,11 @@ class ChunkFetcher:
     def get_meta(self) -> bytes:
         conn, _, resp = self._open("meta")
         try:
+            if resp.length is None or resp.length > MAX_SKELETON_BYTES:
+                raise RecoveryError(
+                    f"{self.peer} announced {resp.length} bytes of metadata for step {self.step}"
+                    f" (limit {MAX_SKELETON_BYTES})"
+                )
             return resp.read()
         except (OSError, http.client.HTTPException) as exc:
             raise self._failed("reading metadata", exc) from exc
@@ -112,6 +117,12 @@ class ChunkFetcher:
             raise
         digest = Digest()
         try:
+            expected = sum(s.length for s in segments) + 8
+            if resp.length != expected:
+                raise RecoveryError(
+                    f"{self.peer} sends {resp.length} bytes for chunk {i}/{n} of step {self.step},"
+                    f" expected {expected}"
+                )
             for seg in segments:
                 for p in iter_pieces(seg):
                     if self.cancel.is_set():
