@@ -44,12 +44,16 @@ class FaultPlan:
         other_faults: int = 0,
         first_step: int = 2,
         gap: int = 3,
+        same_replica_gap: int = 24,
     ) -> FaultPlan:
         """`kills` replica kills and `other_faults` other faults, spread over the run.
 
         Faults are at least `gap` steps apart so each recovery completes before
-        the next fault; replica 0 is never killed, so one replica always holds
-        the committed state (a job that loses every replica at once cannot heal).
+        the next fault, and faults on one replica at least `same_replica_gap`
+        apart: a restarted replica heals to its peers' step, which moved on
+        while it restarted, and a fault planned for a step it skipped never
+        fires. Replica 0 is never killed, so one replica always holds the
+        committed state (a job that loses every replica at once cannot heal).
         """
         rng = random.Random(seed)
         total = kills + other_faults
@@ -66,9 +70,18 @@ class FaultPlan:
         ]
         rng.shuffle(kinds)
         faults: dict[tuple[int, int], Fault] = {}
+        last: dict[int, int] = {}
         for i, kind in enumerate(kinds):
             step = first_step + gap * i
-            replica = rng.randrange(1, replicas) if kind == Fault.KILL_REPLICA else rng.randrange(replicas)
+            candidates = range(1, replicas) if kind == Fault.KILL_REPLICA else range(replicas)
+            free = [r for r in candidates if step - last.get(r, -same_replica_gap) >= same_replica_gap]
+            if not free:
+                raise ValueError(
+                    f"cannot place {total} faults {gap} steps apart with {same_replica_gap} steps between "
+                    f"faults on one replica: use more replicas, more steps or a larger gap"
+                )
+            replica = rng.choice(free)
+            last[replica] = step
             faults[(replica, step)] = kind
         return cls(faults=faults, seed=seed)
 

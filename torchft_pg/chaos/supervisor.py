@@ -116,7 +116,8 @@ class _Run:
         self.awaiting_survivor: list[tuple[int, float]] = []  # (killed replica, kill time)
         self.awaiting_restart: dict[int, float] = {}  # replica -> restart time
         self.last_step: dict[tuple[int, int], int] = {}  # (replica, incarnation) -> last committed step
-        self.max_committed = -1
+        self.step_quorum: dict[int, str] = {}  # step -> the quorum that committed it
+        self.epoch_of_last: dict[int, str] = {}  # replica -> epoch of its last commit
         self.epochs_seen: list[str] = []
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
@@ -148,9 +149,15 @@ class _Run:
             self.ranks.append(_Rank(replica, group_rank, inc, proc, parent))
 
     def kill_group(self, replica: int) -> None:
+        """SIGKILL every rank of the replica's current incarnation and forget them."""
         for r in self.ranks:
-            if r.replica == replica and r.proc.is_alive() and r.proc.pid is not None:
-                os.kill(r.proc.pid, signal.SIGKILL)
+            if r.replica == replica and not r.done:
+                if r.proc.is_alive() and r.proc.pid is not None:
+                    os.kill(r.proc.pid, signal.SIGKILL)
+                r.proc.join(timeout=10)
+                r.conn.close()
+                r.done = True
+        self.ranks = [r for r in self.ranks if r.replica != replica]
 
     def on_event(self, rank: _Rank, event: tuple[Any, ...]) -> None:
         kind = event[0]
@@ -167,17 +174,20 @@ class _Run:
             self.report.commits += 1
             self.report.quorum_ids.append(qid)
             epoch = qid.split("/")[0]
-            if epoch in self.epochs_seen and epoch != self.epochs_seen[-1]:
-                self.report.failures.append(f"quorum id {qid} reuses an old lighthouse epoch")
             if epoch not in self.epochs_seen:
                 self.epochs_seen.append(epoch)
+            elif self.epoch_of_last.get(replica, epoch) != epoch and self.epochs_seen.index(epoch) < self.epochs_seen.index(self.epoch_of_last[replica]):
+                self.report.failures.append(f"replica {replica} went back to an old lighthouse epoch: {qid}")
+            self.epoch_of_last[replica] = epoch
             key = (replica, inc)
             if step <= self.last_step.get(key, -1):
                 self.report.failures.append(f"replica {replica} step went backwards: {step} after {self.last_step[key]}")
-            if step < self.max_committed - 1:
-                self.report.failures.append(f"replica {replica} committed step {step}, behind max {self.max_committed}")
+            # One step, one quorum: two quorums committing the same step would be a
+            # split brain, and one of their histories would be lost at the next heal.
+            first = self.step_quorum.setdefault(step, qid)
+            if first != qid:
+                self.report.failures.append(f"step {step} committed in two quorums: {first} and {qid} (replica {replica})")
             self.last_step[key] = step
-            self.max_committed = max(self.max_committed, step)
             for killed, at_kill in list(self.awaiting_survivor):
                 if replica != killed and at > at_kill:
                     self.report.kill_to_survivor_commit_s.append(at - at_kill)
@@ -186,6 +196,8 @@ class _Run:
                 self.report.restart_to_commit_s.append(at - self.awaiting_restart.pop(replica))
         elif kind == "fault":
             _, replica, step, fault, at = event
+            if (replica, step) in self.fired:
+                return  # every rank of a group announces the same fault
             self.fired.add((replica, step))
             self.report.faults_fired.append((replica, step, fault))
             self.out(f"[{at - self.start:7.2f}s] FAULT {fault} on replica {replica} at step {step}")
@@ -224,7 +236,6 @@ class _Run:
             self.report.kills += 1
             self.awaiting_survivor.append((replica, at))
             self.kill_group(replica)  # the replica group is the failure domain
-            self.ranks = [r for r in self.ranks if r.replica != replica or r.proc.is_alive()]
             self.out(f"[{self.t():7.2f}s] replica {replica} died (SIGKILL); restarting it")
             self.report.restarts += 1
             self.awaiting_restart[replica] = time.time()

@@ -161,8 +161,7 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
             fault = config.plan.at(config.replica, step) if (config.replica, step) not in fired else None
             if fault is not None:
                 fired.add((config.replica, step))
-                if config.group_rank == 0:
-                    events.put(("fault", config.replica, step, fault.value, time.time()))
+                events.put(("fault", config.replica, step, fault.value, time.time()))
             if fault == Fault.DELAY:
                 time.sleep(config.delay_s)  # the fault itself: a stalled replica
             if config.step_time_s:
