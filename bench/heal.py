@@ -5,7 +5,11 @@ plain socket for the baseline, Gloo process group); this process receives it
 and times each heal. Every row is the median of `--repeats` receives; the ratio
 is baseline seconds / row seconds (> 1 means faster than plain torch).
 
-    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5]
+    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 3]
+
+Rows "new process" time the first heal of a freshly started receiver (what a
+restarted replica does): its memory has never been touched, so page faults
+cost more than in the rows that heal repeatedly in one process.
 
 Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout
 and the child is stopped by pid at the end, even on failure.
@@ -84,22 +88,57 @@ def child(mb: int, conn: Connection, store_port: int) -> None:
     http.shutdown()
 
 
-def _time(fn: Any, repeats: int) -> tuple[float, float]:
-    """(median, best) seconds of `repeats` calls; the previous result is freed before timing."""
-    times, out = [], None
+def cold_receiver(url: str, chunks: int, conn: Connection) -> None:
+    """One heal in a brand-new process (a restarted replica): memory never touched before."""
+    torch.set_num_threads(1)
+    t = HTTPTransport[dict[str, Any]](TIMEOUT, num_chunks=chunks, bind_host="127.0.0.1")
+    t0 = time.perf_counter()
+    t.recv_checkpoint(0, url, STEP, TIMEOUT)
+    conn.send(time.perf_counter() - t0)
+    t.shutdown()
+
+
+def _cold(url: str, chunks: int, repeats: int) -> tuple[float, float]:
+    """(median, best) seconds of `repeats` heals, each in a fresh process (start-up not timed)."""
+    ctx = mp.get_context("spawn")
+    times = []
     for _ in range(repeats):
-        out = None  # free the last heal's tensors outside the timed region
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    del out
+        parent, child_conn = ctx.Pipe()
+        proc = ctx.Process(target=cold_receiver, args=(url, chunks, child_conn), daemon=True)
+        proc.start()
+        try:
+            if not parent.poll(60):
+                raise RuntimeError("cold receiver did not report within 60 s")
+            times.append(parent.recv())
+            proc.join(10)
+        finally:
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, 9)
+                proc.join(5)
     return statistics.median(times), min(times)
+
+
+def _rounds(configs: list[tuple[str, Any]], repeats: int) -> list[tuple[str, float, float]]:
+    """(name, median s, best s) per config, measured round-robin.
+
+    Interleaving the configs spreads load from other processes on a shared
+    machine evenly over the rows; each result is freed outside the timed region.
+    """
+    times: dict[str, list[float]] = {name: [] for name, _ in configs}
+    for _ in range(repeats):
+        for name, fn in configs:
+            t0 = time.perf_counter()
+            out = fn()
+            times[name].append(time.perf_counter() - t0)
+            del out
+    return [(name, statistics.median(times[name]), min(times[name])) for name, _ in configs]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cold", type=int, default=3, help="heals in fresh processes per row")
     args = ap.parse_args()
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=TIMEOUT, wait_for_workers=False)
@@ -107,7 +146,6 @@ def main() -> None:
     parent, child_conn = ctx.Pipe()
     proc = ctx.Process(target=child, args=(args.mb, child_conn, store.port), daemon=True)
     proc.start()
-    rows: list[tuple[str, float, float]] = []
     try:
         pg = dist.ProcessGroupGloo(store, 1, 2, TIMEOUT)
         if not parent.poll(60):
@@ -120,7 +158,8 @@ def main() -> None:
                 data = f.read()
             return torch.load(io.BytesIO(data), weights_only=True)
 
-        rows.append(("torch.save/load via socket (baseline)", *_time(baseline, args.repeats)))
+        configs: list[tuple[str, Any]] = [("torch.save/load via socket (baseline)", baseline)]
+        transports: list[HTTPTransport[dict[str, Any]]] = []
         for chunks in (0, 4):
             for in_place in (False, True):
                 holder: dict[str, Any] = {}
@@ -130,12 +169,11 @@ def main() -> None:
                     bind_host="127.0.0.1",
                     state_dict=(lambda h=holder: h.get("sd")) if in_place else None,
                 )
+                transports.append(t)
                 if in_place:
                     holder["sd"] = t.recv_checkpoint(0, url, STEP, TIMEOUT)
-                timed = _time(lambda t=t: t.recv_checkpoint(0, url, STEP, TIMEOUT), args.repeats)
                 label = f"HTTPTransport num_chunks={chunks}{' in place' if in_place else ''}"
-                rows.append((label, *timed))
-                t.shutdown()
+                configs.append((label, lambda t=t: t.recv_checkpoint(0, url, STEP, TIMEOUT)))
         for in_place in (False, True):
             dst: dict[str, Any] = {}
             pgt = PGTransport[dict[str, Any]](
@@ -153,12 +191,13 @@ def main() -> None:
 
             if in_place:
                 dst["sd"] = pg_recv()
-            rows.append(
-                (
-                    f"PGTransport gloo{' in place' if in_place else ''}",
-                    *_time(pg_recv, args.repeats),
-                )
-            )
+            configs.append((f"PGTransport gloo{' in place' if in_place else ''}", pg_recv))
+        rows = _rounds(configs, args.repeats)
+        for chunks in (0, 4):
+            label = f"HTTPTransport num_chunks={chunks} new process"
+            rows.append((label, *_cold(url, chunks, args.cold)))
+        for t in transports:
+            t.shutdown()
         parent.send("stop")
         proc.join(10)
     finally:
@@ -168,7 +207,7 @@ def main() -> None:
     base = rows[0][1]
     print(
         f"\nheal of a {nbytes / 1e6:.0f} MB ({nbytes >> 20} MiB) fp32 state dict over loopback, "
-        f"{args.repeats} receives each; ratio = torch median / row median"
+        f"{args.repeats} rounds, rows interleaved; ratio = torch median / row median"
     )
     print(f"{'transport':<40}{'median s':>9}{'GB/s':>7}{'best s':>8}{'GB/s':>7}{'vs torch':>10}")
     for name, med, best in rows:
