@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Generic, TypeVar
 
@@ -64,21 +65,26 @@ class CheckpointTransport(ABC, Generic[T]):
 
 
 class Deadline:
-    """A wall-clock budget: `remaining()` seconds left of `timeout`."""
+    """A budget of `timeout` from now: `remaining()` seconds left.
 
-    def __init__(self, timeout: timedelta) -> None:
+    `clock` returns seconds (default `time.monotonic`); tests pass a fake.
+    """
+
+    def __init__(self, timeout: timedelta, clock: Callable[[], float] = time.monotonic) -> None:
         if timeout <= timedelta(0):
             raise ValueError(f"timeout must be positive, got {timeout}")
+        self._clock = clock
         self.timeout_s = timeout.total_seconds()
-        self.start = time.monotonic()
+        self.start = clock()
         self._end = self.start + self.timeout_s
 
     def remaining(self) -> float:
         """Seconds left, never below 0."""
-        return max(0.0, self._end - time.monotonic())
+        return max(0.0, self._end - self._clock())
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        """Seconds since the budget started."""
+        return self._clock() - self.start
 
     def check(self, what: str) -> float:
         """Seconds left, or `RecoveryError` naming `what` if the budget is spent."""
