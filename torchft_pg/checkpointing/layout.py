@@ -9,8 +9,8 @@ the data streams, without a second pass over the state dict.
 The checksum (`piece_digest`) is a position-weighted 64-bit sum, Fletcher-like:
 ``s1 = Σ w_i`` and ``s2 = Σ_b (b + 1) · Σ_{i in block b} w_i`` over the piece's
 little-endian int64 words (blocks of 4 KiB), folded with the length. It is
-computed in one pass of torch int64 block sums, which run at memory bandwidth
-(~20-30 GB/s measured on the 2-core dev VM) and release the GIL. We measured
+computed in one pass of torch int64 block sums on the calling thread, which run
+at ~11-18 GB/s on the 2-core dev VM and release the GIL. We measured
 `zlib.crc32` at ~3.7 GB/s there: on a 400 MB heal it would cost ~0.11 s on each
 side, more than half of the 0.2 s budget for the 2 GB/s target. The weighted
 sum detects truncation, any single corrupted word, and swapped or misplaced
@@ -45,6 +45,11 @@ PIECE_BYTES = 4 << 20
 #: Chunk cut points inside a blob fall on multiples of this many bytes.
 ALIGN_BYTES = 4096
 _BLOCK_WORDS = 512  # 4 KiB blocks for the position weights
+# Blocks summed per torch call on CPU: 63 * 512 words stay under torch's 32768-element
+# grain, so each call runs on the calling thread. Transfers already keep every core
+# busy; intra-op threads only oversubscribe them, and with other load on the dev VM
+# the parallel reduction fell from ~20 to 1.3-3.6 GB/s while this stays ~11-18 GB/s.
+_SERIAL_BLOCKS = 63
 _MASK = (1 << 64) - 1
 _K1 = 0x9E3779B97F4A7C15
 _K2 = 0xC2B2AE3D27D4EB4F
@@ -121,7 +126,13 @@ def piece_digest(piece: torch.Tensor) -> int:
     if nw:
         words = piece[: nw * 8].view(torch.int64)
         if nb:  # one pass over the data: per-block sums, then tiny reductions
-            blocks = words[: nb * _BLOCK_WORDS].view(nb, _BLOCK_WORDS).sum(1)
+            grid = words[: nb * _BLOCK_WORDS].view(nb, _BLOCK_WORDS)
+            if piece.device.type == "cpu":
+                blocks = torch.empty(nb, dtype=torch.int64)
+                for j in range(0, nb, _SERIAL_BLOCKS):  # each call below torch's parallel grain
+                    torch.sum(grid[j : j + _SERIAL_BLOCKS], 1, out=blocks[j : j + _SERIAL_BLOCKS])
+            else:
+                blocks = grid.sum(1)
             s1 = int(blocks.sum())
             s2 = int((blocks * _weights(nb, piece.device)).sum())
         if nw > nb * _BLOCK_WORDS:
