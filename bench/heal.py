@@ -5,14 +5,15 @@ plain socket for the baseline, Gloo process group); this process receives it
 and times each heal. Every row is the median of `--repeats` receives; the ratio
 is baseline seconds / row seconds (> 1 means faster than plain torch).
 
-    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 3]
+    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 2] [--budget-s 85]
 
 Rows "new process" time the first heal of a freshly started receiver (what a
 restarted replica does): its memory has never been touched, so page faults
 cost more than in the rows that heal repeatedly in one process.
 
-Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout
-and the child is stopped by pid at the end, even on failure.
+Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout,
+the whole run stops after --budget-s seconds, and every child is stopped by
+pid at the end, even on failure.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import io
 import json
 import multiprocessing as mp
 import os
+import signal
 import socket
 import statistics
 import sys
@@ -67,7 +69,6 @@ def _serve_baseline(sd: dict[str, Any], srv: socket.socket) -> None:
 
 def child(mb: int, conn: Connection, store_port: int) -> None:
     """The up-to-date replica: serves over HTTP, a plain socket, and Gloo rank 0."""
-    torch.set_num_threads(1)
     sd = make_state_dict(mb)
     http = HTTPTransport[dict[str, Any]](TIMEOUT, bind_host="127.0.0.1")
     http.send_checkpoint([1], STEP, sd, TIMEOUT)
@@ -88,23 +89,34 @@ def child(mb: int, conn: Connection, store_port: int) -> None:
     http.shutdown()
 
 
-def cold_receiver(url: str, chunks: int, conn: Connection) -> None:
-    """One heal in a brand-new process (a restarted replica): memory never touched before."""
-    torch.set_num_threads(1)
-    t = HTTPTransport[dict[str, Any]](TIMEOUT, num_chunks=chunks, bind_host="127.0.0.1")
+def cold_receiver(url: str, chunks: int, mb: int, in_place: bool, conn: Connection) -> None:
+    """One heal in a brand-new process (a restarted replica), optionally into its own model.
+
+    With `in_place`, the process first builds its state dict (like a model
+    initialised before its first quorum; not timed), then heals into it.
+    """
+    mine = make_state_dict(mb) if in_place else None
+    t = HTTPTransport[dict[str, Any]](
+        TIMEOUT,
+        num_chunks=chunks,
+        bind_host="127.0.0.1",
+        state_dict=(lambda: mine) if in_place else None,
+    )
     t0 = time.perf_counter()
     t.recv_checkpoint(0, url, STEP, TIMEOUT)
     conn.send(time.perf_counter() - t0)
     t.shutdown()
 
 
-def _cold(url: str, chunks: int, repeats: int) -> tuple[float, float]:
+def _cold(url: str, chunks: int, mb: int, in_place: bool, repeats: int) -> tuple[float, float]:
     """(median, best) seconds of `repeats` heals, each in a fresh process (start-up not timed)."""
     ctx = mp.get_context("spawn")
     times = []
     for _ in range(repeats):
         parent, child_conn = ctx.Pipe()
-        proc = ctx.Process(target=cold_receiver, args=(url, chunks, child_conn), daemon=True)
+        proc = ctx.Process(
+            target=cold_receiver, args=(url, chunks, mb, in_place, child_conn), daemon=True
+        )
         proc.start()
         try:
             if not parent.poll(60):
@@ -134,13 +146,19 @@ def _rounds(configs: list[tuple[str, Any]], repeats: int) -> list[tuple[str, flo
     return [(name, statistics.median(times[name]), min(times[name])) for name, _ in configs]
 
 
+def _over_budget(signum: int, frame: Any) -> None:
+    raise TimeoutError("bench/heal.py ran past its --budget-s; stopping")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--cold", type=int, default=3, help="heals in fresh processes per row")
+    ap.add_argument("--cold", type=int, default=2, help="heals in fresh processes per row")
+    ap.add_argument("--budget-s", type=int, default=85, help="abort the whole run after this")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    signal.signal(signal.SIGALRM, _over_budget)
+    signal.alarm(args.budget_s)  # the finally blocks below still stop every child by pid
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=TIMEOUT, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     parent, child_conn = ctx.Pipe()
@@ -193,9 +211,11 @@ def main() -> None:
                 dst["sd"] = pg_recv()
             configs.append((f"PGTransport gloo{' in place' if in_place else ''}", pg_recv))
         rows = _rounds(configs, args.repeats)
-        for chunks in (0, 4):
-            label = f"HTTPTransport num_chunks={chunks} new process"
-            rows.append((label, *_cold(url, chunks, args.cold)))
+        for chunks, in_place in ((0, False), (4, False), (4, True)):
+            label = (
+                f"HTTPTransport num_chunks={chunks} new process{' in place' if in_place else ''}"
+            )
+            rows.append((label, *_cold(url, chunks, args.mb, in_place, args.cold)))
         for t in transports:
             t.shutdown()
         parent.send("stop")
@@ -209,10 +229,10 @@ def main() -> None:
         f"\nheal of a {nbytes / 1e6:.0f} MB ({nbytes >> 20} MiB) fp32 state dict over loopback, "
         f"{args.repeats} rounds, rows interleaved; ratio = torch median / row median"
     )
-    print(f"{'transport':<40}{'median s':>9}{'GB/s':>7}{'best s':>8}{'GB/s':>7}{'vs torch':>10}")
+    print(f"{'transport':<46}{'median s':>9}{'GB/s':>7}{'best s':>8}{'GB/s':>7}{'vs torch':>10}")
     for name, med, best in rows:
         print(
-            f"{name:<40}{med:>9.3f}{nbytes / med / 1e9:>7.2f}{best:>8.3f}{nbytes / best / 1e9:>7.2f}"
+            f"{name:<46}{med:>9.3f}{nbytes / med / 1e9:>7.2f}{best:>8.3f}{nbytes / best / 1e9:>7.2f}"
             f"{base / med:>9.2f}x"
         )
     result = {
