@@ -77,6 +77,22 @@ def normalize_address(addr: str) -> str:
     return addr
 
 
+def error_for_status(
+    code: grpc.StatusCode, details: str, *, what: str, addr: str, timeout_s: float
+) -> FaultToleranceError | None:
+    """The exception for a failed call, or None if the server was unreachable (retry)."""
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return QuorumTimeoutError(f"{what} to {addr}: no answer within {timeout_s:.3f} s ({details})")
+    if code in _REJECTED:
+        return QuorumRejectedError(f"{what} refused by {addr}: {code.name}: {details}")
+    if code == grpc.StatusCode.ABORTED:
+        name, _, rest = details.partition(": ")
+        return _FORWARDED.get(name, QuorumRejectedError)(f"{what} via {addr}: {rest or details}")
+    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        return FaultToleranceError(f"{what} to {addr} failed: {code.name}: {details}")
+    return None
+
+
 def call_with_retries(
     method: grpc.UnaryUnaryMultiCallable,
     request: bytes,
@@ -103,17 +119,9 @@ def call_with_retries(
         except grpc.RpcError as exc:
             code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
             details: str = exc.details() or ""  # type: ignore[attr-defined]
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise QuorumTimeoutError(
-                    f"{what} to {addr}: no answer within {timeout_s:.3f} s ({details})"
-                ) from exc
-            if code in _REJECTED:
-                raise QuorumRejectedError(f"{what} refused by {addr}: {code.name}: {details}") from exc
-            if code == grpc.StatusCode.ABORTED:
-                name, _, rest = details.partition(": ")
-                raise _FORWARDED.get(name, QuorumRejectedError)(f"{what} via {addr}: {rest or details}") from exc
-            if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                raise FaultToleranceError(f"{what} to {addr} failed: {code.name}: {details}") from exc
+            error = error_for_status(code, details, what=what, addr=addr, timeout_s=timeout_s)
+            if error is not None:
+                raise error from exc
             elapsed = time.monotonic() - start
             if elapsed >= connect_timeout_s or elapsed + delay >= timeout_s:
                 raise unavailable(

@@ -32,6 +32,7 @@ from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import FailureNotice, ManagerClient, ManagerServer, QuorumResult
+from lighthouse.local import LocalManagerClient
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
 from torchft_pg.errors import CommitFailedError, ProcessGroupError, RecoveryError
@@ -188,7 +189,7 @@ class Manager:
     # -- start-up ----------------------------------------------------------------
     def _start(
         self, config: ManagerConfig, hostname: str | None, heartbeat_interval: timedelta, quorum_retries: int
-    ) -> tuple[ManagerClient, str]:
+    ) -> tuple[ManagerClientLike, str]:
         """Group rank 0 starts the manager server; every rank finds it in the group store."""
         from torch.distributed import PrefixStore, TCPStore
 
@@ -210,7 +211,10 @@ class Manager:
             store.set("replica_id", full_id)
         addr = store.get("manager_addr").decode()
         full_id = store.get("replica_id").decode()
-        return ManagerClient(addr, self._connect_timeout), full_id
+        remote = ManagerClient(addr, self._connect_timeout)
+        if self._server is not None:  # rank 0 calls its own server without gRPC
+            return LocalManagerClient(self._server, remote), full_id
+        return remote, full_id
 
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None) -> None:

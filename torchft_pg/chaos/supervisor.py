@@ -66,6 +66,8 @@ class ChaosReport:
     kill_to_survivor_commit_s: list[float] = field(default_factory=list)
     restart_to_commit_s: list[float] = field(default_factory=list)
     library_start_s: list[float] = field(default_factory=list)  # restarted replica: Manager construction
+    # restarted replica: from Manager ready to its first commit (quorum, heal, one step)
+    ready_to_commit_s: list[float] = field(default_factory=list)
     quorum_ids: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -118,6 +120,7 @@ class _Run:
         self.last_step: dict[tuple[int, int], int] = {}  # (replica, incarnation) -> last committed step
         self.step_quorum: dict[int, str] = {}  # step -> the quorum that committed it
         self.epoch_of_last: dict[int, str] = {}  # replica -> epoch of its last commit
+        self.ready_at: dict[int, float] = {}  # restarted replica -> when its Manager was ready
         self.epochs_seen: list[str] = []
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
@@ -194,6 +197,8 @@ class _Run:
                     self.awaiting_survivor.remove((killed, at_kill))
             if replica in self.awaiting_restart:
                 self.report.restart_to_commit_s.append(at - self.awaiting_restart.pop(replica))
+                if replica in self.ready_at:
+                    self.report.ready_to_commit_s.append(at - self.ready_at.pop(replica))
         elif kind == "fault":
             _, replica, step, fault, at = event
             if (replica, step) in self.fired:
@@ -209,6 +214,7 @@ class _Run:
             rank.ready = True
             if rank.incarnation > 0 and rank.group_rank == 0:
                 self.report.library_start_s.append(event[4])
+                self.ready_at[rank.replica] = event[5]
             elif rank.incarnation == 0 and all(r.ready for r in self.ranks if r.incarnation == 0):
                 for store in self.stores.values():
                     store.set(GO_KEY, "1")  # every first incarnation starts together
