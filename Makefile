@@ -22,9 +22,11 @@ lint:
 	$(PY) -m ruff check torchft_pg lighthouse tests bench examples
 	$(PY) -m mypy
 
-bench:
+bench:  ## every benchmark: tables plus one JSON line each (~5 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
+	PYTHONUNBUFFERED=1 $(PY) bench/heal.py
+	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
 
 proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
 	$(PY) -m lighthouse._codegen lighthouse/_gen

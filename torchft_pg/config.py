@@ -8,6 +8,9 @@ Each setting: its environment variable, unit and default.
 - store_port       MASTER_PORT            port of that TCPStore (required)
 - replica_id       REPLICA_GROUP_ID       this replica group's name (default: "replica")
 - port             TORCHFT_MANAGER_PORT   manager server port on group rank 0 (default 0: any)
+- hostname         TORCHFT_HOSTNAME       address other machines use to reach this rank's manager
+                                          and checkpoint servers (default: the machine's hostname
+                                          for the manager server, loopback-safe for checkpoints)
 Explicit constructor arguments win over the environment.
 """
 
@@ -31,6 +34,7 @@ class ManagerConfig:
     store_port: int
     replica_id: str
     port: int
+    hostname: str | None = None
 
     @classmethod
     def from_env(
@@ -44,6 +48,7 @@ class ManagerConfig:
         store_port: int | None = None,
         replica_id: str | None = None,
         port: int | None = None,
+        hostname: str | None = None,
     ) -> ManagerConfig:
         """Fill every argument left as None from `env` (default: os.environ)."""
         env = os.environ if env is None else env
@@ -69,6 +74,7 @@ class ManagerConfig:
             store_port=integer("MASTER_PORT", store_port, None),
             replica_id=replica_id if replica_id is not None else env.get("REPLICA_GROUP_ID", "replica"),
             port=integer("TORCHFT_MANAGER_PORT", port, 0),
+            hostname=hostname if hostname is not None else env.get("TORCHFT_HOSTNAME") or None,
         )
         config.validate()
         return config

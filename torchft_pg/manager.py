@@ -148,8 +148,9 @@ class Manager:
         if client is None:
             config = ManagerConfig.from_env(
                 lighthouse_addr=lighthouse_addr, rank=rank, world_size=world_size, store_addr=store_addr,
-                store_port=store_port, replica_id=replica_id, port=port,
+                store_port=store_port, replica_id=replica_id, port=port, hostname=hostname,
             )
+            hostname = config.hostname
             self._group_rank, self._group_world_size = config.rank, config.world_size
             client, self.replica_id = self._start(config, hostname, heartbeat_interval, quorum_retries)
         else:
