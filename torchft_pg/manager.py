@@ -372,8 +372,8 @@ class Manager:
             self._commit_failures = 0
         else:
             self._commit_failures += 1
-        logger.info("%s %s (vote %s, %d participants, error: %s)", self._tag(),
-                    "committed" if decision else "discarded", vote, participants, self._errored)
+        logger.info("%s %s (vote %s, %d participants, last step %.1f ms, error: %s)", self._tag(),
+                    "committed" if decision else "discarded", vote, participants, self._step_time_ms, self._errored)
         if not decision and self._max_retries is not None and self._commit_failures > self._max_retries:
             raise CommitFailedError(
                 f"{self._commit_failures} commits failed in a row (max_retries={self._max_retries})"

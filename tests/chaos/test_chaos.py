@@ -63,6 +63,13 @@ def test_killing_the_baby_child_fails_the_step_and_training_recovers() -> None:
     assert report.faults_fired == [(1, 3, "kill_baby_child")]
 
 
+def test_healing_over_the_process_group_instead_of_http() -> None:
+    plan = FaultPlan({(1, 3): Fault.KILL_REPLICA, (2, 9): Fault.KILL_REPLICA})
+    report = run_chaos(ChaosConfig(replicas=3, steps=14, plan=plan, transport="pg", deadline_s=180, verbose=False))
+    _check(report)
+    assert report.kills == 2
+
+
 @pytest.mark.slow
 def test_soak_one_hundred_kills() -> None:
     plan = FaultPlan.random(seed=2026, replicas=4, steps=820, kills=100, first_step=2, gap=8)

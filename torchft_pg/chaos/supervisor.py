@@ -40,6 +40,7 @@ class ChaosConfig:
     plan: FaultPlan = field(default_factory=FaultPlan)
     group_world_size: int = 1
     pg_kind: str = "gloo"
+    transport: str = "http"  # or "pg"
     min_replicas: int = 1
     join_timeout_ms: int = 300
     timeout_s: float = 5.0
@@ -142,6 +143,7 @@ class _Run:
                 replica=replica, lighthouse_addr=f"127.0.0.1:{self.lh_port}", store_port=store.port,
                 steps=self.c.steps, plan=self.c.plan, fired=frozenset(self.fired), incarnation=inc,
                 group_rank=group_rank, group_world_size=self.c.group_world_size, pg_kind=self.c.pg_kind,
+                transport=self.c.transport,
                 hidden=self.c.hidden, seed=self.c.seed, timeout_s=self.c.timeout_s,
                 quorum_timeout_s=self.c.quorum_timeout_s, delay_s=self.c.delay_s,
                 expected_replicas=self.c.replicas, step_time_s=self.c.step_time_s,

@@ -24,6 +24,7 @@ from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from torchft_pg.chaos.plan import Fault, FaultPlan
+from torchft_pg.checkpointing import PGTransport
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.manager import Manager
 from torchft_pg.optim import OptimizerWrapper
@@ -46,6 +47,7 @@ class TrainerConfig:
     group_rank: int = 0
     group_world_size: int = 1
     pg_kind: str = "gloo"  # or "baby"
+    transport: str = "http"  # heal over HTTP, or "pg": over the reconfigured process group
     hidden: int = 64
     seed: int = 0
     timeout_s: float = 5.0
@@ -140,8 +142,11 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, config.hidden), torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1))
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     manager_start = time.time()
+    transport = (
+        PGTransport(pg, timeout=timeout, device=torch.device("cpu")) if config.transport == "pg" else None
+    )
     manager = Manager(
-        pg, min_replica_size=config.min_replica_size, rank=config.group_rank, world_size=config.group_world_size,
+        pg, checkpoint_transport=transport, min_replica_size=config.min_replica_size, rank=config.group_rank, world_size=config.group_world_size,
         store_addr="127.0.0.1", store_port=config.store_port, lighthouse_addr=config.lighthouse_addr,
         replica_id=f"replica{config.replica}", timeout=timeout,
         quorum_timeout=timedelta(seconds=config.quorum_timeout_s), connect_timeout=timedelta(seconds=30),
