@@ -25,8 +25,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.multiproc import RankContext, run_ranks  # noqa: E402
-from torchft_pg.chaos import ChaosConfig, Fault, FaultPlan, run_chaos  # noqa: E402
+from tests.multiproc import RankContext, run_ranks
+from torchft_pg.chaos import ChaosConfig, FaultPlan, run_chaos
 
 HIDDEN = 1024
 
@@ -36,7 +36,10 @@ def _model() -> Any:
 
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(256, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+        torch.nn.Linear(256, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
         torch.nn.Linear(HIDDEN, 1),
     )
 
@@ -53,8 +56,9 @@ def _step_times(ctx: RankContext) -> dict[str, list[float]]:
     from torchft_pg.optim import OptimizerWrapper
 
     lighthouse, rounds, steps = ctx.args
-    dist.init_process_group("gloo", store=dist.PrefixStore("plain", ctx.store), rank=ctx.rank,
-                            world_size=ctx.world_size)
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore("plain", ctx.store), rank=ctx.rank, world_size=ctx.world_size
+    )
     plain_model = _model()
     plain = torch.nn.parallel.DistributedDataParallel(plain_model)
     plain_opt = torch.optim.Adam(plain_model.parameters())
@@ -62,9 +66,16 @@ def _step_times(ctx: RankContext) -> dict[str, list[float]]:
     group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ft_model = _model()
     ft_inner = torch.optim.Adam(ft_model.parameters())
-    manager = Manager(ProcessGroupGloo(timeout=timedelta(seconds=30)), rank=0, world_size=1,
-                      store_addr="127.0.0.1", store_port=group_store.port, lighthouse_addr=lighthouse,
-                      replica_id=f"bench{ctx.rank}", init_sync=False)
+    manager = Manager(
+        ProcessGroupGloo(timeout=timedelta(seconds=30)),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=group_store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"bench{ctx.rank}",
+        init_sync=False,
+    )
     ft = DistributedDataParallel(manager, ft_model)
     ft_opt = OptimizerWrapper(manager, ft_inner)
 
@@ -104,9 +115,16 @@ def _quorum_rounds(ctx: RankContext) -> list[float]:
 
     lighthouse, rounds = ctx.args
     group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(ProcessGroupDummy(), rank=0, world_size=1, store_addr="127.0.0.1",
-                      store_port=group_store.port, lighthouse_addr=lighthouse, replica_id=f"q{ctx.rank}",
-                      init_sync=False)
+    manager = Manager(
+        ProcessGroupDummy(),
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=group_store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"q{ctx.rank}",
+        init_sync=False,
+    )
     times = []
     for r in range(rounds + 3):
         ctx.barrier(f"q/{r}")
@@ -126,10 +144,19 @@ def main() -> None:
     from lighthouse import LighthouseServer
 
     kills = 3 if args.quick else 8
-    plan = FaultPlan.random(seed=11, replicas=3, steps=40 + 12 * kills, kills=kills, first_step=4, gap=12,
-                            same_replica_gap=24)
-    report = run_chaos(ChaosConfig(replicas=3, steps=40 + 12 * kills, plan=plan, verbose=False, deadline_s=600),
-                       out=lambda _: None)
+    plan = FaultPlan.random(
+        seed=11,
+        replicas=3,
+        steps=40 + 12 * kills,
+        kills=kills,
+        first_step=4,
+        gap=12,
+        same_replica_gap=24,
+    )
+    report = run_chaos(
+        ChaosConfig(replicas=3, steps=40 + 12 * kills, plan=plan, verbose=False, deadline_s=600),
+        out=lambda _: None,
+    )
     if not report.ok:
         raise SystemExit("recovery run failed: " + "; ".join(report.failures))
     med = statistics.median
@@ -139,13 +166,21 @@ def main() -> None:
     ready_commit_s = med(report.ready_to_commit_s)
     step_time = ChaosConfig().step_time_s
     library_s = manager_start_s + max(0.0, ready_commit_s - step_time)
-    print(f"\nrecovery: 3 replica groups, {report.kills} SIGKILLs, lighthouse defaults but join timeout "
-          f"{ChaosConfig().join_timeout_ms} ms (median)")
-    print(f"  kill -> survivors' next commit            {kill_s * 1e3:8.1f} ms   (torchft: 5100 ms at its CLI defaults)")
+    print(
+        f"\nrecovery: 3 replica groups, {report.kills} SIGKILLs, lighthouse defaults but join timeout "
+        f"{ChaosConfig().join_timeout_ms} ms (median)"
+    )
+    print(
+        f"  kill -> survivors' next commit            {kill_s * 1e3:8.1f} ms   (torchft: 5100 ms at its CLI defaults)"
+    )
     print(f"  restart -> healed and committing          {restart_s * 1e3:8.1f} ms")
     print(f"    Manager start-up                        {manager_start_s * 1e3:8.1f} ms")
-    print(f"    ready -> first commit (incl. {step_time * 1e3:.0f} ms step) {ready_commit_s * 1e3:8.1f} ms")
-    print(f"    library share (start-up + quorum + heal) {library_s * 1e3:7.1f} ms   (torchft: 100-140 ms)")
+    print(
+        f"    ready -> first commit (incl. {step_time * 1e3:.0f} ms step) {ready_commit_s * 1e3:8.1f} ms"
+    )
+    print(
+        f"    library share (start-up + quorum + heal) {library_s * 1e3:7.1f} ms   (torchft: 100-140 ms)"
+    )
     print("  bit-identical replicas at the end          yes")
 
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=1000)
@@ -155,14 +190,20 @@ def main() -> None:
         plain = med(per_rank[0]["plain"])
         managed = med(per_rank[0]["manager"])
         overhead = managed / plain - 1
-        print(f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} rounds x {steps} steps, median)")
+        print(
+            f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} rounds x {steps} steps, median)"
+        )
         print(f"  plain torch DDP (Gloo)    {plain * 1e3:8.2f} ms")
-        print(f"  torchft_pg Manager + DDP  {managed * 1e3:8.2f} ms   overhead {overhead * 100:+.1f}%")
+        print(
+            f"  torchft_pg Manager + DDP  {managed * 1e3:8.2f} ms   overhead {overhead * 100:+.1f}%"
+        )
     finally:
         lh.shutdown()
 
     quorum_ms: dict[str, float] = {}
-    print("\nstart_quorum round (one-rank replica groups, steady state, median over ranks' medians)")
+    print(
+        "\nstart_quorum round (one-rank replica groups, steady state, median over ranks' medians)"
+    )
     for n in (2, 8) if args.quick else (2, 8, 16):
         lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=5000)
         try:

@@ -19,10 +19,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=3, help="replica groups (default 3)")
     parser.add_argument("--steps", type=int, default=40, help="steps to train (default 40)")
-    parser.add_argument("--kill-step", type=int, default=10, help="step at which replica 1 is killed")
+    parser.add_argument(
+        "--kill-step", type=int, default=10, help="step at which replica 1 is killed"
+    )
     parser.add_argument("--kill-replica", type=int, default=1, help="which replica group to kill")
-    parser.add_argument("--pg", choices=["gloo", "baby"], default="gloo", help="cross-replica process group")
-    parser.add_argument("--step-time", type=float, default=0.05, help="simulated compute per step (s)")
+    parser.add_argument(
+        "--pg", choices=["gloo", "baby"], default="gloo", help="cross-replica process group"
+    )
+    parser.add_argument(
+        "--step-time", type=float, default=0.05, help="simulated compute per step (s)"
+    )
     args = parser.parse_args()
     if not 0 <= args.kill_replica < args.replicas:
         parser.error(f"--kill-replica must be in [0, {args.replicas}), got {args.kill_replica}")
@@ -31,19 +37,31 @@ def main() -> None:
 
     plan = FaultPlan({(args.kill_replica, args.kill_step): Fault.KILL_REPLICA})
     report = run_chaos(
-        ChaosConfig(replicas=args.replicas, steps=args.steps, plan=plan, pg_kind=args.pg,
-                    step_time_s=args.step_time, deadline_s=600)
+        ChaosConfig(
+            replicas=args.replicas,
+            steps=args.steps,
+            plan=plan,
+            pg_kind=args.pg,
+            step_time_s=args.step_time,
+            deadline_s=600,
+        )
     )
 
     print("\nsummary")
     print(f"  steps committed (all replicas)        {report.commits}")
     print(f"  final step per replica                {dict(sorted(report.final_steps.items()))}")
     if report.kill_to_survivor_commit_s:
-        print(f"  kill -> survivors' next commit         {statistics.median(report.kill_to_survivor_commit_s):.3f} s")
+        print(
+            f"  kill -> survivors' next commit         {statistics.median(report.kill_to_survivor_commit_s):.3f} s"
+        )
     if report.restart_to_commit_s:
-        print(f"  restart -> healed and committing       {statistics.median(report.restart_to_commit_s):.3f} s")
+        print(
+            f"  restart -> healed and committing       {statistics.median(report.restart_to_commit_s):.3f} s"
+        )
     if report.library_start_s:
-        print(f"  of which Manager start-up              {statistics.median(report.library_start_s):.3f} s")
+        print(
+            f"  of which Manager start-up              {statistics.median(report.library_start_s):.3f} s"
+        )
     same = len(set(report.checksums.values())) == 1
     print(f"  parameter checksums                   {dict(sorted(report.checksums.items()))}")
     print(f"  parameters identical across replicas  {'yes' if same else 'NO'}")

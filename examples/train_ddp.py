@@ -32,7 +32,10 @@ def main() -> None:
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=5)),
         min_replica_size=1,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["optim"])),
+        load_state_dict=lambda sd: (
+            model.load_state_dict(sd["model"]),
+            inner.load_state_dict(sd["optim"]),
+        ),
         state_dict=lambda: {"model": model.state_dict(), "optim": inner.state_dict()},
     )
     ddp = DistributedDataParallel(manager, model)
@@ -46,9 +49,12 @@ def main() -> None:
         loss.backward()  # gradients averaged over the live replica groups
         optimizer.step()  # applied only if every participating rank committed
         epoch, quorum = manager.quorum_id()
-        print(f"replica {os.environ.get('REPLICA_GROUP_ID', '?')} rank {os.environ.get('RANK', '0')} "
-              f"step {manager.current_step()} quorum {epoch}/{quorum} "
-              f"participants {manager.num_participants()} loss {loss.item():.4f}", flush=True)
+        print(
+            f"replica {os.environ.get('REPLICA_GROUP_ID', '?')} rank {os.environ.get('RANK', '0')} "
+            f"step {manager.current_step()} quorum {epoch}/{quorum} "
+            f"participants {manager.num_participants()} loss {loss.item():.4f}",
+            flush=True,
+        )
     manager.shutdown()
 
 

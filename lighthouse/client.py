@@ -70,7 +70,7 @@ def normalize_address(addr: str) -> str:
     """Accept ``host:port`` and the peer's ``http://host:port``; return ``host:port``."""
     for prefix in ("http://", "grpc://"):
         if addr.startswith(prefix):
-            addr = addr[len(prefix):]
+            addr = addr[len(prefix) :]
     addr = addr.rstrip("/")
     if not addr or ":" not in addr:
         raise ValueError(f"address must be 'host:port', got {addr!r}")
@@ -82,7 +82,9 @@ def error_for_status(
 ) -> FaultToleranceError | None:
     """The exception for a failed call, or None if the server was unreachable (retry)."""
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return QuorumTimeoutError(f"{what} to {addr}: no answer within {timeout_s:.3f} s ({details})")
+        return QuorumTimeoutError(
+            f"{what} to {addr}: no answer within {timeout_s:.3f} s ({details})"
+        )
     if code in _REJECTED:
         return QuorumRejectedError(f"{what} refused by {addr}: {code.name}: {details}")
     if code == grpc.StatusCode.ABORTED:
@@ -277,7 +279,9 @@ class ManagerClient:
         self._kill = self._channel.unary_unary(base + "Kill")
         self._watch = self._channel.unary_stream(base + "WatchFailures")
 
-    def _call(self, method: grpc.UnaryUnaryMultiCallable, request: bytes, what: str, timeout: timedelta) -> bytes:
+    def _call(
+        self, method: grpc.UnaryUnaryMultiCallable, request: bytes, what: str, timeout: timedelta
+    ) -> bytes:
         return call_with_retries(
             method,
             request,
@@ -305,7 +309,13 @@ class ManagerClient:
         validate.check_step("step", step)
         validate.check_step("commit_failures", commit_failures)
         request = wire.encode_manager_quorum_request(
-            group_rank, step, checkpoint_metadata, shrink_only, init_sync, commit_failures, step_time_ms
+            group_rank,
+            step,
+            checkpoint_metadata,
+            shrink_only,
+            init_sync,
+            commit_failures,
+            step_time_ms,
         )
         reply = self._call(self._quorum, request, f"quorum of group rank {group_rank}", timeout)
         return wire.decode_quorum_result(reply)
@@ -314,18 +324,24 @@ class ManagerClient:
         """The checkpoint metadata group rank ``rank`` sent with its last quorum."""
         validate.check_step("rank", rank)
         reply = self._call(
-            self._metadata, wire.encode_checkpoint_metadata_request(rank),
-            f"checkpoint metadata of rank {rank}", timeout,
+            self._metadata,
+            wire.encode_checkpoint_metadata_request(rank),
+            f"checkpoint metadata of rank {rank}",
+            timeout,
         )
         return wire.decode_checkpoint_metadata_response(reply)
 
-    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
         """Vote for ``step``; returns True only if every local rank voted yes."""
         validate.check_step("group_rank", group_rank)
         validate.check_step("step", step)
         reply = self._call(
-            self._commit, wire.encode_should_commit_request(group_rank, step, should_commit),
-            f"commit vote of group rank {group_rank} for step {step}", timeout,
+            self._commit,
+            wire.encode_should_commit_request(group_rank, step, should_commit),
+            f"commit vote of group rank {group_rank} for step {step}",
+            timeout,
         )
         return wire.decode_should_commit_response(reply)
 

@@ -16,12 +16,11 @@ from typing import Any
 
 import grpc
 
-from lighthouse import wire
+from lighthouse import validate, wire
 from lighthouse._loop import run_sync
 from lighthouse.client import FailureSubscription, ManagerClient, _seconds, error_for_status
 from lighthouse.errors import QuorumTimeoutError
 from lighthouse.types import FailureNotice, QuorumResult
-from lighthouse import validate
 
 __all__ = ["LocalManagerClient"]
 
@@ -54,45 +53,83 @@ class LocalManagerClient:
         self._remote = remote  # for the failure-notice stream
         self._addr = f"local manager server {server.address()}"
 
-    def _call(self, handler: Callable[[bytes, Any], Awaitable[bytes]], request: bytes, what: str,
-              timeout: timedelta) -> bytes:
+    def _call(
+        self,
+        handler: Callable[[bytes, Any], Awaitable[bytes]],
+        request: bytes,
+        what: str,
+        timeout: timedelta,
+    ) -> bytes:
         timeout_s = _seconds("timeout", timeout)
         try:
             return run_sync(handler(request, _LocalContext(timeout_s)), timeout_s)  # type: ignore[arg-type]
         except TimeoutError:
-            raise QuorumTimeoutError(f"{what} to {self._addr}: no answer within {timeout_s:.3f} s") from None
+            raise QuorumTimeoutError(
+                f"{what} to {self._addr}: no answer within {timeout_s:.3f} s"
+            ) from None
         except _Abort as exc:
-            error = error_for_status(exc.code, exc.details, what=what, addr=self._addr, timeout_s=timeout_s)
+            error = error_for_status(
+                exc.code, exc.details, what=what, addr=self._addr, timeout_s=timeout_s
+            )
             raise (error or QuorumTimeoutError(f"{what} to {self._addr}: {exc.details}")) from None
 
-    def quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
-               timeout: timedelta, init_sync: bool = True, commit_failures: int = 0,
-               step_time_ms: float = 0.0) -> QuorumResult:
+    def quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: timedelta,
+        init_sync: bool = True,
+        commit_failures: int = 0,
+        step_time_ms: float = 0.0,
+    ) -> QuorumResult:
         validate.check_step("group_rank", group_rank)
         validate.check_step("step", step)
         validate.check_step("commit_failures", commit_failures)
         request = wire.encode_manager_quorum_request(
-            group_rank, step, checkpoint_metadata, shrink_only, init_sync, commit_failures, step_time_ms
+            group_rank,
+            step,
+            checkpoint_metadata,
+            shrink_only,
+            init_sync,
+            commit_failures,
+            step_time_ms,
         )
-        reply = self._call(self._server._quorum, request, f"quorum of group rank {group_rank}", timeout)
+        reply = self._call(
+            self._server._quorum, request, f"quorum of group rank {group_rank}", timeout
+        )
         return wire.decode_quorum_result(reply)
 
     def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
         validate.check_step("rank", rank)
-        reply = self._call(self._server._checkpoint_metadata, wire.encode_checkpoint_metadata_request(rank),
-                           f"checkpoint metadata of rank {rank}", timeout)
+        reply = self._call(
+            self._server._checkpoint_metadata,
+            wire.encode_checkpoint_metadata_request(rank),
+            f"checkpoint metadata of rank {rank}",
+            timeout,
+        )
         return wire.decode_checkpoint_metadata_response(reply)
 
-    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
         validate.check_step("group_rank", group_rank)
         validate.check_step("step", step)
-        reply = self._call(self._server._should_commit,
-                           wire.encode_should_commit_request(group_rank, step, should_commit),
-                           f"commit vote of group rank {group_rank} for step {step}", timeout)
+        reply = self._call(
+            self._server._should_commit,
+            wire.encode_should_commit_request(group_rank, step, should_commit),
+            f"commit vote of group rank {group_rank} for step {step}",
+            timeout,
+        )
         return wire.decode_should_commit_response(reply)
 
-    def subscribe_failures(self, callback: Callable[[FailureNotice], None], group_rank: int = 0,
-                           on_error: Callable[[Exception], None] | None = None) -> FailureSubscription:
+    def subscribe_failures(
+        self,
+        callback: Callable[[FailureNotice], None],
+        group_rank: int = 0,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> FailureSubscription:
         return self._remote.subscribe_failures(callback, group_rank=group_rank, on_error=on_error)
 
     def kill(self, msg: str, timeout: timedelta = timedelta(seconds=5)) -> None:

@@ -67,12 +67,18 @@ class ManagerConfig:
                 raise ValueError(f"{name} must be an integer, got {text!r}") from None
 
         config = cls(
-            lighthouse_addr=lighthouse_addr if lighthouse_addr is not None else env.get("TORCHFT_LIGHTHOUSE"),
+            lighthouse_addr=lighthouse_addr
+            if lighthouse_addr is not None
+            else env.get("TORCHFT_LIGHTHOUSE"),
             rank=integer("RANK", rank, 0),
             world_size=integer("WORLD_SIZE", world_size, 1),
-            store_addr=store_addr if store_addr is not None else env.get("MASTER_ADDR", "localhost"),
+            store_addr=store_addr
+            if store_addr is not None
+            else env.get("MASTER_ADDR", "localhost"),
             store_port=integer("MASTER_PORT", store_port, None),
-            replica_id=replica_id if replica_id is not None else env.get("REPLICA_GROUP_ID", "replica"),
+            replica_id=replica_id
+            if replica_id is not None
+            else env.get("REPLICA_GROUP_ID", "replica"),
             port=integer("TORCHFT_MANAGER_PORT", port, 0),
             hostname=hostname if hostname is not None else env.get("TORCHFT_HOSTNAME") or None,
         )

@@ -8,6 +8,7 @@ waiting for the collective's own timeout).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
@@ -39,7 +40,9 @@ class Watchdog:
         with self._cond:
             heapq.heappush(self._heap, (time.monotonic() + delay.total_seconds(), handle, callback))
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="torchft_pg-watchdog", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name="torchft_pg-watchdog", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
         return handle
@@ -62,10 +65,8 @@ class Watchdog:
                 if handle in self._cancelled:
                     self._cancelled.discard(handle)
                     continue
-            try:
+            with contextlib.suppress(Exception):  # a callback's failure must not stop the watchdog
                 callback()
-            except Exception:  # a callback's failure must not stop the watchdog
-                pass
 
 
 watchdog = Watchdog()
@@ -123,7 +124,9 @@ class ProxyFuture(Generic[T]):
     def _timed_out(self) -> None:
         from torchft_pg.errors import ProcessGroupTimeoutError
 
-        self._settle(None, ProcessGroupTimeoutError(f"collective did not finish within {self._timeout}"))
+        self._settle(
+            None, ProcessGroupTimeoutError(f"collective did not finish within {self._timeout}")
+        )
 
     def abort(self, reason: Exception) -> None:
         """Complete now with the default value, reporting `reason`."""

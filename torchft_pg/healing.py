@@ -36,12 +36,17 @@ class StateDictRegistry:
 
     def payload(self, manager_state: dict[str, int]) -> dict[str, Any]:
         """The state a healing peer receives (live references: served until disallowed)."""
-        return {"user": {key: save() for key, (_, save) in self._fns.items()}, "torchft": dict(manager_state)}
+        return {
+            "user": {key: save() for key, (_, save) in self._fns.items()},
+            "torchft": dict(manager_state),
+        }
 
     def apply(self, user_state: dict[str, Any]) -> None:
         """Load a received payload's user part through each registered load function."""
         missing = set(self._fns) - set(user_state)
         if missing:
-            raise KeyError(f"healing payload lacks registered state {sorted(missing)}; has {sorted(user_state)}")
+            raise KeyError(
+                f"healing payload lacks registered state {sorted(missing)}; has {sorted(user_state)}"
+            )
         for key, (load, _) in self._fns.items():
             load(user_state[key])

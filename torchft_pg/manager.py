@@ -60,13 +60,23 @@ class WorldSizeMode(Enum):
 class ManagerClientLike(Protocol):
     """What the Manager needs of its replica group's manager server (fakes in unit tests)."""
 
-    def quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
-               timeout: timedelta, init_sync: bool = ..., commit_failures: int = ...,
-               step_time_ms: float = ...) -> QuorumResult: ...
+    def quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: timedelta,
+        init_sync: bool = ...,
+        commit_failures: int = ...,
+        step_time_ms: float = ...,
+    ) -> QuorumResult: ...
 
     def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str: ...
 
-    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool: ...
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool: ...
 
 
 class _ManagedWork(Work):
@@ -147,18 +157,28 @@ class Manager:
         self._subscription: Any = None
         if client is None:
             config = ManagerConfig.from_env(
-                lighthouse_addr=lighthouse_addr, rank=rank, world_size=world_size, store_addr=store_addr,
-                store_port=store_port, replica_id=replica_id, port=port, hostname=hostname,
+                lighthouse_addr=lighthouse_addr,
+                rank=rank,
+                world_size=world_size,
+                store_addr=store_addr,
+                store_port=store_port,
+                replica_id=replica_id,
+                port=port,
+                hostname=hostname,
             )
             hostname = config.hostname
             self._group_rank, self._group_world_size = config.rank, config.world_size
-            client, self.replica_id = self._start(config, hostname, heartbeat_interval, quorum_retries)
+            client, self.replica_id = self._start(
+                config, hostname, heartbeat_interval, quorum_retries
+            )
         else:
             self._group_rank = rank if rank is not None else 0
             self._group_world_size = world_size if world_size is not None else 1
             self.replica_id = replica_id or "replica"
         self._client = client
-        self._connect_manager = connect_manager or (lambda addr: ManagerClient(addr, self._connect_timeout))
+        self._connect_manager = connect_manager or (
+            lambda addr: ManagerClient(addr, self._connect_timeout)
+        )
         self._transport: CheckpointTransport[Any] = checkpoint_transport or HTTPTransport(
             timeout, advertise_host=hostname
         )
@@ -189,23 +209,39 @@ class Manager:
 
     # -- start-up ----------------------------------------------------------------
     def _start(
-        self, config: ManagerConfig, hostname: str | None, heartbeat_interval: timedelta, quorum_retries: int
+        self,
+        config: ManagerConfig,
+        hostname: str | None,
+        heartbeat_interval: timedelta,
+        quorum_retries: int,
     ) -> tuple[ManagerClientLike, str]:
         """Group rank 0 starts the manager server; every rank finds it in the group store."""
         from torch.distributed import PrefixStore, TCPStore
 
         store = PrefixStore(
             MANAGER_KEY_PREFIX,
-            TCPStore(config.store_addr, config.store_port, is_master=False, timeout=self._connect_timeout,
-                     wait_for_workers=False),
+            TCPStore(
+                config.store_addr,
+                config.store_port,
+                is_master=False,
+                timeout=self._connect_timeout,
+                wait_for_workers=False,
+            ),
         )
         if config.rank == 0:
-            full_id = f"{config.replica_id}:{uuid.uuid4().hex[:12]}"  # a restarted group is a new member
+            full_id = (
+                f"{config.replica_id}:{uuid.uuid4().hex[:12]}"  # a restarted group is a new member
+            )
             assert config.lighthouse_addr is not None
             self._server = ManagerServer(
-                full_id, config.lighthouse_addr, hostname=hostname, bind=f"[::]:{config.port}",
-                store_addr=f"{config.store_addr}:{config.store_port}", world_size=config.world_size,
-                heartbeat_interval=heartbeat_interval, connect_timeout=self._connect_timeout,
+                full_id,
+                config.lighthouse_addr,
+                hostname=hostname,
+                bind=f"[::]:{config.port}",
+                store_addr=f"{config.store_addr}:{config.store_port}",
+                world_size=config.world_size,
+                heartbeat_interval=heartbeat_interval,
+                connect_timeout=self._connect_timeout,
                 quorum_retries=quorum_retries,
             )
             store.set("manager_addr", self._server.address())
@@ -218,7 +254,9 @@ class Manager:
         return remote, full_id
 
     # -- per-step protocol -------------------------------------------------------
-    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None) -> None:
+    def start_quorum(
+        self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None
+    ) -> None:
         """Start this step's quorum in the background (healing too, if `allow_heal`).
 
         Re-raises a failure of the previous quorum (e.g. QuorumTimeoutError).
@@ -245,8 +283,14 @@ class Manager:
 
     def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
         result = self._client.quorum(
-            self._group_rank, self._step, self._transport.metadata(), shrink_only, timeout,
-            init_sync=self._init_sync, commit_failures=self._commit_failures, step_time_ms=self._step_time_ms,
+            self._group_rank,
+            self._step,
+            self._transport.metadata(),
+            shrink_only,
+            timeout,
+            init_sync=self._init_sync,
+            commit_failures=self._commit_failures,
+            step_time_ms=self._step_time_ms,
         )
         if self._use_async_quorum or not allow_heal:
             rank, size = result.max_replica_rank, result.max_world_size
@@ -259,15 +303,26 @@ class Manager:
 
         if (result.epoch, result.quorum_id) != (self._epoch, self._quorum_id):
             addr = f"{result.store_address}/torchft/{result.epoch}/{result.quorum_id}/{self._group_rank}"
-            logger.info("%s new quorum %s/%s: %d replicas %s, reconfiguring at %s", self._tag(),
-                        result.epoch, result.quorum_id, result.replica_world_size, result.replica_ids, addr)
+            logger.info(
+                "%s new quorum %s/%s: %d replicas %s, reconfiguring at %s",
+                self._tag(),
+                result.epoch,
+                result.quorum_id,
+                result.replica_world_size,
+                result.replica_ids,
+                addr,
+            )
             try:
                 with self._pg_lock:
                     self._pg.configure(addr, result.replica_rank, result.replica_world_size)
             except Exception as e:
                 self.report_error(e)
                 return
-            self._epoch, self._quorum_id, self._participants = result.epoch, result.quorum_id, list(result.replica_ids)
+            self._epoch, self._quorum_id, self._participants = (
+                result.epoch,
+                result.quorum_id,
+                list(result.replica_ids),
+            )
         if allow_heal:
             self._heal(result, timeout)
 
@@ -275,7 +330,10 @@ class Manager:
         try:
             if result.recover_dst_replica_ranks:
                 self._transport.send_checkpoint(
-                    result.recover_dst_replica_ranks, result.max_step, self._states.payload(self._counters()), self._timeout
+                    result.recover_dst_replica_ranks,
+                    result.max_step,
+                    self._states.payload(self._counters()),
+                    self._timeout,
                 )
             if result.heal:
                 self._healing = True
@@ -293,8 +351,13 @@ class Manager:
                 )
                 self._pending_user_state = payload["user"]
                 self.load_state_dict(payload["torchft"])
-                logger.info("%s healed to step %d from replica rank %s in %.3f s", self._tag(), self._step,
-                            result.recover_src_replica_rank, time.perf_counter() - start)
+                logger.info(
+                    "%s healed to step %d from replica rank %s in %.3f s",
+                    self._tag(),
+                    self._step,
+                    result.recover_src_replica_rank,
+                    time.perf_counter() - start,
+                )
         except Exception as e:
             self.report_error(RecoveryError(f"healing at step {result.max_step} failed: {e}"))
 
@@ -307,8 +370,12 @@ class Manager:
                 self.report_error(RecoveryError(f"applying the healed state failed: {e}"))
             self._healing = False
 
-    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,
-                  reduce_op: ReduceOp.RedOpType = ReduceOp.AVG) -> Work:
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        should_quantize: bool = False,
+        reduce_op: ReduceOp.RedOpType = ReduceOp.AVG,
+    ) -> Work:
         """Allreduce `tensor` across participating replicas; never raises.
 
         AVG divides by the number of participants (floating tensors only); a
@@ -327,7 +394,7 @@ class Manager:
             if not self.is_participating():
                 tensor.zero_()
             divisor = max(self.num_participants(), 1)
-            work = self._pg.allreduce([tensor], ReduceOp.SUM if average else reduce_op)
+            work = self._pg.allreduce([tensor], ReduceOp(ReduceOp.SUM if average else reduce_op))
             source = work.get_future()
         except Exception as e:
             self.report_error(e)
@@ -336,7 +403,9 @@ class Manager:
         def finish(_: Any) -> torch.Tensor:
             return tensor.div_(divisor) if average else tensor
 
-        proxy: ProxyFuture[torch.Tensor] = ProxyFuture(source, tensor, self.report_error, self._timeout, finish)
+        proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
+            source, tensor, self.report_error, self._timeout, finish
+        )
         with self._inflight_lock:
             self._inflight.add(proxy)
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
@@ -364,7 +433,9 @@ class Manager:
         self._apply_pending_state()
         participants = self._participating_world_size if self._errored is None else 0
         vote = self._errored is None and participants >= self._min_replica_size
-        decision = self._client.should_commit(self._group_rank, self._step, vote, timeout or self._timeout)
+        decision = self._client.should_commit(
+            self._group_rank, self._step, vote, timeout or self._timeout
+        )
         self._transport.disallow_checkpoint()
         if decision:
             self._step += 1
@@ -372,9 +443,20 @@ class Manager:
             self._commit_failures = 0
         else:
             self._commit_failures += 1
-        logger.info("%s %s (vote %s, %d participants, last step %.1f ms, error: %s)", self._tag(),
-                    "committed" if decision else "discarded", vote, participants, self._step_time_ms, self._errored)
-        if not decision and self._max_retries is not None and self._commit_failures > self._max_retries:
+        logger.info(
+            "%s %s (vote %s, %d participants, last step %.1f ms, error: %s)",
+            self._tag(),
+            "committed" if decision else "discarded",
+            vote,
+            participants,
+            self._step_time_ms,
+            self._errored,
+        )
+        if (
+            not decision
+            and self._max_retries is not None
+            and self._commit_failures > self._max_retries
+        ):
             raise CommitFailedError(
                 f"{self._commit_failures} commits failed in a row (max_retries={self._max_retries})"
             )
@@ -390,7 +472,9 @@ class Manager:
     def errored(self) -> Exception | None:
         return self._errored
 
-    def wrap_future(self, fut: Future[T], default: T, timeout: timedelta | None = None) -> Future[T]:
+    def wrap_future(
+        self, fut: Future[T], default: T, timeout: timedelta | None = None
+    ) -> Future[T]:
         """`fut`, but an error or timeout yields `default` and is reported instead."""
         return ProxyFuture(fut, default, self.report_error, timeout or self._timeout).future
 
@@ -398,7 +482,9 @@ class Manager:
         dead = set(notice.dead_replica_ids) & set(self._participants)
         if not dead or (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
             return
-        error = ProcessGroupError(f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}")
+        error = ProcessGroupError(
+            f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}"
+        )
         self.report_error(error)
         with self._inflight_lock:
             inflight = list(self._inflight)
@@ -439,7 +525,9 @@ class Manager:
         """(epoch, quorum id) of the group this rank is configured for."""
         return self._epoch, self._quorum_id
 
-    def register_state_dict_fn(self, key: str, load: Callable[[Any], None], save: Callable[[], Any]) -> None:
+    def register_state_dict_fn(
+        self, key: str, load: Callable[[Any], None], save: Callable[[], Any]
+    ) -> None:
         """Register user state (model, optimizer, …) that healing transfers."""
         self._states.register(key, load, save)
 

@@ -1,12 +1,12 @@
 """Heal sharded (DTensor) state: local shards travel as plain tensors.
 
 The heal transports carry plain tensors only (no pickling, see
-`torchft_pg.checkpointing`), but an FSDP2 module's and its optimizer's state
-dicts hold DTensors. Replica groups shard identically (same mesh, same
-module), and group rank r of a healing replica receives from group rank r of
-its source, so each rank sends its local shards and the receiver rebuilds
-DTensors with its own mesh and placements. No collective runs: save and load
-are local to the rank.
+`torchft_pg.checkpointing`), but an FSDP2 module's parameters and its
+optimizer's state are DTensors. Replica groups shard identically (same mesh,
+same module), and group rank r of a healing replica receives from group rank
+r of its source, so each rank sends its local shards; the receiver copies
+them into its own shards and rebuilds the optimizer's DTensors with its own
+mesh and placements. No collective runs: save and load are local to the rank.
 """
 
 from __future__ import annotations
@@ -47,20 +47,6 @@ def _like(template: DTensor, local: Any, where: str) -> DTensor:
     )
 
 
-def _model_state(model: torch.nn.Module, received: dict[str, Any]) -> dict[str, Any]:
-    current = model.state_dict()
-    missing, unexpected = set(current) - set(received), set(received) - set(current)
-    if missing or unexpected:
-        raise KeyError(
-            f"received model state does not match the module: missing {sorted(missing)}, "
-            f"unexpected {sorted(unexpected)}"
-        )
-    return {
-        k: _like(t, received[k], f"model state {k!r}") if isinstance(t, DTensor) else received[k]
-        for k, t in current.items()
-    }
-
-
 def _optimizer_state(optimizer: torch.optim.Optimizer, received: dict[str, Any]) -> dict[str, Any]:
     """Rebuild DTensors in a received optimizer state dict from the parameters.
 
@@ -97,21 +83,56 @@ def sharded_state_dict_fns(
 ) -> ShardedStateFns:
     """Load/save functions that heal an FSDP2 `model` (and `optimizer`) shard by shard.
 
+    Call it after ``fully_shard``, then
     ``manager.register_state_dict_fn("train", *sharded_state_dict_fns(model, opt))``.
-    Save returns ``{"model": ..., "optimizer": ...}`` with local shards; load
-    rebuilds DTensors from this rank's own parameters and loads them with
-    ``load_state_dict``. Plain (unsharded) tensors pass through unchanged.
+    Save returns ``{"model": {name: local shard}, "optimizer": ...}``; load
+    copies the model's shards in place and rebuilds the optimizer's DTensors
+    from this rank's own parameters. Plain (unsharded) tensors pass through.
+
+    The parameters and buffers are captured here, as the optimizer captures
+    its parameters: the Manager calls save on its quorum thread while forward
+    and backward run, when ``model.state_dict()`` or ``named_parameters()``
+    would race with FSDP2 swapping in (and freeing) unsharded parameters.
     """
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
     def save() -> dict[str, Any]:
-        out: dict[str, Any] = {"model": to_local_tree(model.state_dict())}
+        out: dict[str, Any] = {"model": {k: _local(t) for k, t in tensors.items()}}
         if optimizer is not None:
             out["optimizer"] = to_local_tree(optimizer.state_dict())
         return out
 
     def load(state: dict[str, Any]) -> None:
-        model.load_state_dict(_model_state(model, state["model"]))
+        _copy_model_state(tensors, state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(_optimizer_state(optimizer, state["optimizer"]))
 
     return ShardedStateFns(load, save)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def _copy_model_state(tensors: dict[str, torch.Tensor], received: dict[str, Any]) -> None:
+    """Copy received local shards into the model's own, after checking every shape."""
+    missing, unexpected = set(tensors) - set(received), set(received) - set(tensors)
+    if missing or unexpected:
+        raise KeyError(
+            f"received model state does not match the module: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    pairs = []
+    for name, t in tensors.items():
+        dst, src = _local(t), received[name]
+        if not isinstance(src, torch.Tensor):
+            raise TypeError(f"model state {name!r}: expected a tensor, got {type(src).__name__}")
+        if src.shape != dst.shape:
+            raise ValueError(
+                f"model state {name!r}: local shard shape {tuple(dst.shape)} expected, got "
+                f"{tuple(src.shape)}; do all replica groups use the same mesh and module?"
+            )
+        pairs.append((dst, src))
+    for dst, src in pairs:
+        dst.copy_(src)

@@ -18,9 +18,15 @@ def _check(report: object) -> None:
 
 
 def test_short_plan_with_ten_kills_and_other_faults() -> None:
-    plan = FaultPlan.random(seed=7, replicas=4, steps=110, kills=10, other_faults=3, first_step=2, gap=8)
+    plan = FaultPlan.random(
+        seed=7, replicas=4, steps=110, kills=10, other_faults=3, first_step=2, gap=8
+    )
     plan = FaultPlan(  # the Baby-child fault needs a Baby PG: tested on its own below
-        {k: v for k, v in plan.faults.items() if v not in (Fault.KILL_BABY_CHILD, Fault.RESTART_LIGHTHOUSE)},
+        {
+            k: v
+            for k, v in plan.faults.items()
+            if v not in (Fault.KILL_BABY_CHILD, Fault.RESTART_LIGHTHOUSE)
+        },
         seed=plan.seed,
     )
     report = run_chaos(ChaosConfig(replicas=4, steps=110, plan=plan, deadline_s=240, verbose=False))
@@ -49,7 +55,11 @@ def test_failed_allreduce_and_delayed_replica_are_discarded_then_healed() -> Non
 
 def test_multi_rank_replica_groups_survive_a_group_kill() -> None:
     plan = FaultPlan({(1, 3): Fault.KILL_REPLICA})
-    report = run_chaos(ChaosConfig(replicas=2, group_world_size=2, steps=8, plan=plan, deadline_s=180, verbose=False))
+    report = run_chaos(
+        ChaosConfig(
+            replicas=2, group_world_size=2, steps=8, plan=plan, deadline_s=180, verbose=False
+        )
+    )
     _check(report)
     assert report.kills == 1
 
@@ -65,7 +75,9 @@ def test_killing_the_baby_child_fails_the_step_and_training_recovers() -> None:
 
 def test_healing_over_the_process_group_instead_of_http() -> None:
     plan = FaultPlan({(1, 3): Fault.KILL_REPLICA, (2, 9): Fault.KILL_REPLICA})
-    report = run_chaos(ChaosConfig(replicas=3, steps=14, plan=plan, transport="pg", deadline_s=180, verbose=False))
+    report = run_chaos(
+        ChaosConfig(replicas=3, steps=14, plan=plan, transport="pg", deadline_s=180, verbose=False)
+    )
     _check(report)
     assert report.kills == 2
 
@@ -73,6 +85,8 @@ def test_healing_over_the_process_group_instead_of_http() -> None:
 @pytest.mark.slow
 def test_soak_one_hundred_kills() -> None:
     plan = FaultPlan.random(seed=2026, replicas=4, steps=820, kills=100, first_step=2, gap=8)
-    report = run_chaos(ChaosConfig(replicas=4, steps=820, plan=plan, deadline_s=1800, verbose=False))
+    report = run_chaos(
+        ChaosConfig(replicas=4, steps=820, plan=plan, deadline_s=1800, verbose=False)
+    )
     _check(report)
     assert report.kills == 100

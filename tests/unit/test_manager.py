@@ -20,14 +20,31 @@ from torchft_pg.work import completed_work
 STORE = "127.0.0.1:29500"
 
 
-def result(quorum_id: int = 1, replica_rank: int = 0, world: int = 2, max_step: int = 0,
-           max_rank: int | None = 0, max_world: int | None = None, heal: bool = False,
-           src: int | None = None, dst: list[int] | None = None, epoch: str = "ep") -> QuorumResult:
+def result(
+    quorum_id: int = 1,
+    replica_rank: int = 0,
+    world: int = 2,
+    max_step: int = 0,
+    max_rank: int | None = 0,
+    max_world: int | None = None,
+    heal: bool = False,
+    src: int | None = None,
+    dst: list[int] | None = None,
+    epoch: str = "ep",
+) -> QuorumResult:
     return QuorumResult(
-        quorum_id=quorum_id, epoch=epoch, replica_rank=replica_rank, replica_world_size=world,
-        recover_src_manager_address="127.0.0.1:1" if heal else "", recover_src_replica_rank=src,
-        recover_dst_replica_ranks=dst or [], store_address=STORE, max_step=max_step,
-        max_replica_rank=max_rank, max_world_size=world if max_world is None else max_world, heal=heal,
+        quorum_id=quorum_id,
+        epoch=epoch,
+        replica_rank=replica_rank,
+        replica_world_size=world,
+        recover_src_manager_address="127.0.0.1:1" if heal else "",
+        recover_src_replica_rank=src,
+        recover_dst_replica_ranks=dst or [],
+        store_address=STORE,
+        max_step=max_step,
+        max_replica_rank=max_rank,
+        max_world_size=world if max_world is None else max_world,
+        heal=heal,
         replica_ids=[f"r{i}" for i in range(world)],
     )
 
@@ -41,10 +58,20 @@ class FakeClient:
         self.failure_callback: Any = None
         self.quorum_error: Exception | None = None
 
-    def quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
-               timeout: timedelta, init_sync: bool = True, commit_failures: int = 0,
-               step_time_ms: float = 0.0) -> QuorumResult:
-        self.quorum_calls.append({"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata})
+    def quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: timedelta,
+        init_sync: bool = True,
+        commit_failures: int = 0,
+        step_time_ms: float = 0.0,
+    ) -> QuorumResult:
+        self.quorum_calls.append(
+            {"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata}
+        )
         if self.quorum_error is not None:
             raise self.quorum_error
         return self.results.pop(0) if len(self.results) > 1 else self.results[0]
@@ -52,7 +79,9 @@ class FakeClient:
     def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
         return "fake://meta"
 
-    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta) -> bool:
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
         self.votes.append((step, should_commit))
         return should_commit if self.decisions is None else self.decisions.pop(0)
 
@@ -71,7 +100,9 @@ class FakeTransport:
     def metadata(self) -> str:
         return "fake://me"
 
-    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
+    def send_checkpoint(
+        self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta
+    ) -> None:
         self.sent.append((dst_ranks, step, state_dict))
 
     def disallow_checkpoint(self) -> None:
@@ -112,7 +143,9 @@ class SumGroup(ProcessGroupDummy):
         self.pending: list[Future[Any]] = []
         self.aborted = 0
 
-    def configure(self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None) -> None:
+    def configure(
+        self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
+    ) -> None:
         self.configured.append((store_addr, rank, world_size))
         self._world = world_size
 
@@ -129,17 +162,28 @@ class SumGroup(ProcessGroupDummy):
         self.aborted += 1
 
 
-def make(results: list[QuorumResult], **kwargs: Any) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
+def make(
+    results: list[QuorumResult], **kwargs: Any
+) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
     client = FakeClient(results, kwargs.pop("decisions", None))
     transport = kwargs.pop("transport", FakeTransport())
     pg = SumGroup()
-    manager = Manager(pg, client=client, connect_manager=lambda addr: client, checkpoint_transport=transport,
-                      min_replica_size=kwargs.pop("min_replica_size", 1), timeout=timedelta(seconds=5), **kwargs)
+    manager = Manager(
+        pg,
+        client=client,
+        connect_manager=lambda addr: client,
+        checkpoint_transport=transport,
+        min_replica_size=kwargs.pop("min_replica_size", 1),
+        timeout=timedelta(seconds=5),
+        **kwargs,
+    )
     return manager, client, transport, pg
 
 
 def test_happy_path_averages_commits_and_reconfigures_only_on_new_quorum() -> None:
-    manager, client, transport, pg = make([result(quorum_id=1), result(quorum_id=1), result(quorum_id=2, world=3)])
+    manager, client, transport, pg = make(
+        [result(quorum_id=1), result(quorum_id=1), result(quorum_id=2, world=3)]
+    )
     for expected_world in (2, 2, 3):
         manager.start_quorum()
         t = torch.ones(2)
@@ -160,15 +204,18 @@ def test_sum_is_not_divided_and_int_avg_is_refused() -> None:
     t = torch.ones(1)
     manager.allreduce(t, reduce_op=ReduceOp.SUM).wait()
     assert t.item() == 2.0
-    with pytest.raises(ValueError, match="floating tensor, got dtype torch.int64"):
+    with pytest.raises(ValueError, match=r"floating tensor, got dtype torch\.int64"):
         manager.allreduce(torch.ones(1, dtype=torch.int64))
     manager.shutdown()
 
 
 def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step() -> None:
     loaded: list[Any] = []
-    payload = {"user": {"default": {"w": torch.tensor([7.0])}}, "torchft": {"step": 20, "batches_committed": 40}}
-    manager, client, transport, _ = make(
+    payload = {
+        "user": {"default": {"w": torch.tensor([7.0])}},
+        "torchft": {"step": 20, "batches_committed": 40},
+    }
+    manager, _, transport, _ = make(
         [result(replica_rank=0, max_step=20, max_rank=None, max_world=1, heal=True, src=1)],
         transport=FakeTransport(payload),
     )
@@ -234,7 +281,9 @@ def test_failure_notice_aborts_inflight_collectives_at_once() -> None:
     done = threading.Event()
     work.get_future().add_done_callback(lambda _: done.set())
     assert not done.is_set()
-    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), reason="stream closed"))
+    client.failure_callback(
+        FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), reason="stream closed")
+    )
     assert done.wait(1.0)  # completed by the notice, not by the 5 s timeout
     assert t.item() == 4.0 and pg.aborted == 1
     assert "r2" in str(manager.errored())
@@ -250,7 +299,9 @@ def test_failure_notice_aborts_inflight_collectives_at_once() -> None:
 def test_collective_timeout_is_reported_not_hung() -> None:
     client = FakeClient([result()])
     pg = SumGroup()
-    manager = Manager(pg, client=client, checkpoint_transport=FakeTransport(), timeout=timedelta(milliseconds=50))
+    manager = Manager(
+        pg, client=client, checkpoint_transport=FakeTransport(), timeout=timedelta(milliseconds=50)
+    )
     manager.start_quorum()
     pg.hold = True
     t = torch.ones(1)
@@ -270,8 +321,11 @@ def test_quorum_timeout_votes_no_then_raises_at_next_start() -> None:
 
 
 def test_fixed_with_spares_zeroes_spares_and_counts_min_replicas() -> None:
-    manager, *_ = make([result(replica_rank=2, world=3, max_rank=2)], min_replica_size=2,
-                       world_size_mode=WorldSizeMode.FIXED_WITH_SPARES)
+    manager, *_ = make(
+        [result(replica_rank=2, world=3, max_rank=2)],
+        min_replica_size=2,
+        world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
+    )
     manager.start_quorum()
     t = torch.ones(1)
     manager.allreduce(t).wait()
@@ -285,8 +339,11 @@ def test_fixed_with_spares_zeroes_spares_and_counts_min_replicas() -> None:
 def test_sync_quorum_heals_before_the_step_and_participates() -> None:
     loaded: list[Any] = []
     payload = {"user": {"default": 1}, "torchft": {"step": 3, "batches_committed": 6}}
-    manager, *_ = make([result(replica_rank=1, max_step=3, max_rank=None, max_world=1, heal=True, src=0)],
-                       transport=FakeTransport(payload), use_async_quorum=False)
+    manager, *_ = make(
+        [result(replica_rank=1, max_step=3, max_rank=None, max_world=1, heal=True, src=0)],
+        transport=FakeTransport(payload),
+        use_async_quorum=False,
+    )
     manager.register_state_dict_fn("default", loaded.append, lambda: 0)
     manager.start_quorum()
     assert loaded == [1]  # applied before forward
@@ -305,7 +362,12 @@ def test_wrap_future_substitutes_default_and_reports() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="min_replica_size must be >= 1, got 0"):
-        Manager(SumGroup(), client=FakeClient([result()]), checkpoint_transport=FakeTransport(), min_replica_size=0)
+        Manager(
+            SumGroup(),
+            client=FakeClient([result()]),
+            checkpoint_transport=FakeTransport(),
+            min_replica_size=0,
+        )
     manager, *_ = make([result()])
     manager.register_state_dict_fn("a", lambda s: None, lambda: 1)
     with pytest.raises(ValueError, match="already registered under 'a'"):

@@ -65,7 +65,9 @@ class FaultPlan:
                 f"{first_step + gap * total} steps, got {steps}"
             )
         kinds = [Fault.KILL_REPLICA] * kills + [
-            rng.choice([Fault.FAIL_ALLREDUCE, Fault.DELAY, Fault.KILL_BABY_CHILD, Fault.RESTART_LIGHTHOUSE])
+            rng.choice(
+                [Fault.FAIL_ALLREDUCE, Fault.DELAY, Fault.KILL_BABY_CHILD, Fault.RESTART_LIGHTHOUSE]
+            )
             for _ in range(other_faults)
         ]
         rng.shuffle(kinds)
@@ -74,7 +76,9 @@ class FaultPlan:
         for i, kind in enumerate(kinds):
             step = first_step + gap * i
             candidates = range(1, replicas) if kind == Fault.KILL_REPLICA else range(replicas)
-            free = [r for r in candidates if step - last.get(r, -same_replica_gap) >= same_replica_gap]
+            free = [
+                r for r in candidates if step - last.get(r, -same_replica_gap) >= same_replica_gap
+            ]
             if not free:
                 raise ValueError(
                     f"cannot place {total} faults {gap} steps apart with {same_replica_gap} steps between "

@@ -66,7 +66,9 @@ class ChaosReport:
     lighthouse_restarts: int = 0
     kill_to_survivor_commit_s: list[float] = field(default_factory=list)
     restart_to_commit_s: list[float] = field(default_factory=list)
-    library_start_s: list[float] = field(default_factory=list)  # restarted replica: Manager construction
+    library_start_s: list[float] = field(
+        default_factory=list
+    )  # restarted replica: Manager construction
     # restarted replica: from Manager ready to its first commit (quorum, heal, one step)
     ready_to_commit_s: list[float] = field(default_factory=list)
     quorum_ids: list[str] = field(default_factory=list)
@@ -118,14 +120,18 @@ class _Run:
         self.pending_kill: dict[int, float] = {}  # replica -> time its kill fault fired
         self.awaiting_survivor: list[tuple[int, float]] = []  # (killed replica, kill time)
         self.awaiting_restart: dict[int, float] = {}  # replica -> restart time
-        self.last_step: dict[tuple[int, int], int] = {}  # (replica, incarnation) -> last committed step
+        self.last_step: dict[
+            tuple[int, int], int
+        ] = {}  # (replica, incarnation) -> last committed step
         self.step_quorum: dict[int, str] = {}  # step -> the quorum that committed it
         self.epoch_of_last: dict[int, str] = {}  # replica -> epoch of its last commit
         self.ready_at: dict[int, float] = {}  # restarted replica -> when its Manager was ready
         self.epochs_seen: list[str] = []
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
-        return LighthouseServer(bind=bind, min_replicas=self.c.min_replicas, join_timeout_ms=self.c.join_timeout_ms)
+        return LighthouseServer(
+            bind=bind, min_replicas=self.c.min_replicas, join_timeout_ms=self.c.join_timeout_ms
+        )
 
     def t(self) -> float:
         return time.time() - self.start
@@ -133,22 +139,37 @@ class _Run:
     def start_group(self, replica: int) -> None:
         inc = self.incarnations.get(replica, -1) + 1
         self.incarnations[replica] = inc
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+        store = TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
         self.stores[replica] = store  # replaces (and closes) the previous incarnation's store
         if inc > 0:
             store.set(GO_KEY, "1")  # a restarted group starts at once and heals
         for group_rank in range(self.c.group_world_size):
             parent, child = _CTX.Pipe(duplex=False)
             cfg = TrainerConfig(
-                replica=replica, lighthouse_addr=f"127.0.0.1:{self.lh_port}", store_port=store.port,
-                steps=self.c.steps, plan=self.c.plan, fired=frozenset(self.fired), incarnation=inc,
-                group_rank=group_rank, group_world_size=self.c.group_world_size, pg_kind=self.c.pg_kind,
+                replica=replica,
+                lighthouse_addr=f"127.0.0.1:{self.lh_port}",
+                store_port=store.port,
+                steps=self.c.steps,
+                plan=self.c.plan,
+                fired=frozenset(self.fired),
+                incarnation=inc,
+                group_rank=group_rank,
+                group_world_size=self.c.group_world_size,
+                pg_kind=self.c.pg_kind,
                 transport=self.c.transport,
-                hidden=self.c.hidden, seed=self.c.seed, timeout_s=self.c.timeout_s,
-                quorum_timeout_s=self.c.quorum_timeout_s, delay_s=self.c.delay_s,
-                expected_replicas=self.c.replicas, step_time_s=self.c.step_time_s,
+                hidden=self.c.hidden,
+                seed=self.c.seed,
+                timeout_s=self.c.timeout_s,
+                quorum_timeout_s=self.c.quorum_timeout_s,
+                delay_s=self.c.delay_s,
+                expected_replicas=self.c.replicas,
+                step_time_s=self.c.step_time_s,
             )
-            proc = _CTX.Process(target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}")
+            proc = _CTX.Process(
+                target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
+            )
             proc.start()
             child.close()
             self.ranks.append(_Rank(replica, group_rank, inc, proc, parent))
@@ -171,9 +192,11 @@ class _Run:
             if group_rank != 0:
                 return
             if self.c.verbose:
-                self.out(f"[{at - self.start:7.2f}s] replica {replica} (inc {inc}) step {step:3d} "
-                         f"{'committed' if committed else 'DISCARDED'} quorum {qid} "
-                         f"participants {participants} loss {loss:.4f}")
+                self.out(
+                    f"[{at - self.start:7.2f}s] replica {replica} (inc {inc}) step {step:3d} "
+                    f"{'committed' if committed else 'DISCARDED'} quorum {qid} "
+                    f"participants {participants} loss {loss:.4f}"
+                )
             if not committed:
                 return
             self.report.commits += 1
@@ -181,17 +204,25 @@ class _Run:
             epoch = qid.split("/")[0]
             if epoch not in self.epochs_seen:
                 self.epochs_seen.append(epoch)
-            elif self.epoch_of_last.get(replica, epoch) != epoch and self.epochs_seen.index(epoch) < self.epochs_seen.index(self.epoch_of_last[replica]):
-                self.report.failures.append(f"replica {replica} went back to an old lighthouse epoch: {qid}")
+            elif self.epoch_of_last.get(replica, epoch) != epoch and self.epochs_seen.index(
+                epoch
+            ) < self.epochs_seen.index(self.epoch_of_last[replica]):
+                self.report.failures.append(
+                    f"replica {replica} went back to an old lighthouse epoch: {qid}"
+                )
             self.epoch_of_last[replica] = epoch
             key = (replica, inc)
             if step <= self.last_step.get(key, -1):
-                self.report.failures.append(f"replica {replica} step went backwards: {step} after {self.last_step[key]}")
+                self.report.failures.append(
+                    f"replica {replica} step went backwards: {step} after {self.last_step[key]}"
+                )
             # One step, one quorum: two quorums committing the same step would be a
             # split brain, and one of their histories would be lost at the next heal.
             first = self.step_quorum.setdefault(step, qid)
             if first != qid:
-                self.report.failures.append(f"step {step} committed in two quorums: {first} and {qid} (replica {replica})")
+                self.report.failures.append(
+                    f"step {step} committed in two quorums: {first} and {qid} (replica {replica})"
+                )
             self.last_step[key] = step
             for killed, at_kill in list(self.awaiting_survivor):
                 if replica != killed and at > at_kill:
@@ -261,10 +292,14 @@ class _Run:
         while any(not r.done for r in self.ranks):
             left = deadline - time.time()
             if left <= 0:
-                self.report.failures.append(f"run did not finish within {self.c.deadline_s} s (hang?)")
+                self.report.failures.append(
+                    f"run did not finish within {self.c.deadline_s} s (hang?)"
+                )
                 return
             live = [r for r in self.ranks if not r.done]
-            ready = wait([r.conn for r in live] + [r.proc.sentinel for r in live], timeout=min(left, 5.0))
+            ready = wait(
+                [r.conn for r in live] + [r.proc.sentinel for r in live], timeout=min(left, 5.0)
+            )
             for r in live:
                 while r.conn in ready and r.conn.poll():
                     try:
@@ -296,8 +331,13 @@ class _Run:
         if not rep.failures:
             if sorted(rep.final_steps) != list(range(self.c.replicas)):
                 rep.failures.append(f"not every replica finished: {rep.final_steps}")
-            elif len(set(rep.final_steps.values())) != 1 or min(rep.final_steps.values()) < self.c.steps:
-                rep.failures.append(f"replicas ended at different or short steps: {rep.final_steps}")
+            elif (
+                len(set(rep.final_steps.values())) != 1
+                or min(rep.final_steps.values()) < self.c.steps
+            ):
+                rep.failures.append(
+                    f"replicas ended at different or short steps: {rep.final_steps}"
+                )
             elif len(set(rep.checksums.values())) != 1:
                 rep.failures.append(f"replicas differ at the end: {rep.checksums}")
         return rep
@@ -307,8 +347,10 @@ def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> ChaosR
     """Run the plan and return the report; never leaves a process behind."""
     run = _Run(config, out)
     try:
-        out(f"chaos: {config.replicas} replica groups x {config.group_world_size} ranks, {config.steps} steps, "
-            f"lighthouse {run.lighthouse.address()}; plan: {config.plan.describe()}")
+        out(
+            f"chaos: {config.replicas} replica groups x {config.group_world_size} ranks, {config.steps} steps, "
+            f"lighthouse {run.lighthouse.address()}; plan: {config.plan.describe()}"
+        )
         run.loop()
     finally:
         report = run.finish()

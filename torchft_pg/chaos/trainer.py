@@ -19,8 +19,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch.distributed import TCPStore
 from torch._C._distributed_c10d import Work
+from torch.distributed import TCPStore
 from torch.futures import Future
 
 from torchft_pg.chaos.plan import Fault, FaultPlan
@@ -28,7 +28,12 @@ from torchft_pg.checkpointing import PGTransport
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.manager import Manager
 from torchft_pg.optim import OptimizerWrapper
-from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo, ProcessGroupWrapper
+from torchft_pg.process_group import (
+    ProcessGroup,
+    ProcessGroupBabyGloo,
+    ProcessGroupGloo,
+    ProcessGroupWrapper,
+)
 
 __all__ = ["TrainerConfig", "run_trainer", "state_checksum"]
 
@@ -94,7 +99,10 @@ GO_KEY = "torchft_pg/chaos/go"
 
 def _finished(manager: Manager, config: TrainerConfig) -> bool:
     """Stop together: every replica took part in a commit at or past `steps`."""
-    return manager.current_step() >= config.steps and manager.num_participants() >= config.expected_replicas
+    return (
+        manager.current_step() >= config.steps
+        and manager.num_participants() >= config.expected_replicas
+    )
 
 
 def state_checksum(*modules: Any) -> str:
@@ -103,7 +111,9 @@ def state_checksum(*modules: Any) -> str:
 
     def feed(value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(
+                value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            )
         elif isinstance(value, dict):
             for k in sorted(value, key=str):
                 h.update(str(k).encode())
@@ -123,12 +133,22 @@ def run_trainer(config: TrainerConfig, events: Any) -> None:
     """Train until `config.steps` committed steps, reporting to `events` (a queue)."""
     logging.basicConfig(level=config.log_level, format="%(asctime)s %(name)s %(message)s")
     started = time.time()
-    events.put(("start", config.replica, config.group_rank, config.incarnation, os.getpid(), started))
+    events.put(
+        ("start", config.replica, config.group_rank, config.incarnation, os.getpid(), started)
+    )
     try:
         _train(config, events, started)
     except BaseException as e:
-        events.put(("error", config.replica, config.group_rank, config.incarnation,
-                    f"{type(e).__name__}: {e}\n{traceback.format_exc()}", time.time()))
+        events.put(
+            (
+                "error",
+                config.replica,
+                config.group_rank,
+                config.incarnation,
+                f"{type(e).__name__}: {e}\n{traceback.format_exc()}",
+                time.time(),
+            )
+        )
         raise
 
 
@@ -136,34 +156,66 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
     torch.manual_seed(config.seed)
     timeout = timedelta(seconds=config.timeout_s)
     inner: ProcessGroup = (
-        ProcessGroupBabyGloo(timeout=timeout) if config.pg_kind == "baby" else ProcessGroupGloo(timeout=timeout)
+        ProcessGroupBabyGloo(timeout=timeout)
+        if config.pg_kind == "baby"
+        else ProcessGroupGloo(timeout=timeout)
     )
     pg = FaultInjectingProcessGroup(inner)
-    model = torch.nn.Sequential(torch.nn.Linear(16, config.hidden), torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, config.hidden), torch.nn.ReLU(), torch.nn.Linear(config.hidden, 1)
+    )
     optim = torch.optim.Adam(model.parameters(), lr=1e-2)
     manager_start = time.time()
-    transport = (
-        PGTransport(pg, timeout=timeout, device=torch.device("cpu")) if config.transport == "pg" else None
+    transport: PGTransport[Any] | None = (
+        PGTransport(pg, timeout=timeout, device=torch.device("cpu"))
+        if config.transport == "pg"
+        else None
     )
     manager = Manager(
-        pg, checkpoint_transport=transport, min_replica_size=config.min_replica_size, rank=config.group_rank, world_size=config.group_world_size,
-        store_addr="127.0.0.1", store_port=config.store_port, lighthouse_addr=config.lighthouse_addr,
-        replica_id=f"replica{config.replica}", timeout=timeout,
-        quorum_timeout=timedelta(seconds=config.quorum_timeout_s), connect_timeout=timedelta(seconds=30),
+        pg,
+        checkpoint_transport=transport,
+        min_replica_size=config.min_replica_size,
+        rank=config.group_rank,
+        world_size=config.group_world_size,
+        store_addr="127.0.0.1",
+        store_port=config.store_port,
+        lighthouse_addr=config.lighthouse_addr,
+        replica_id=f"replica{config.replica}",
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=config.quorum_timeout_s),
+        connect_timeout=timedelta(seconds=30),
     )
     manager.register_state_dict_fn("model", model.load_state_dict, model.state_dict)
     manager.register_state_dict_fn("optim", optim.load_state_dict, optim.state_dict)
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optim)
-    events.put(("ready", config.replica, config.group_rank, config.incarnation, time.time() - manager_start, time.time()))
+    events.put(
+        (
+            "ready",
+            config.replica,
+            config.group_rank,
+            config.incarnation,
+            time.time() - manager_start,
+            time.time(),
+        )
+    )
     # The supervisor releases every first incarnation together, so no replica trains alone.
-    TCPStore("127.0.0.1", config.store_port, is_master=False, wait_for_workers=False,
-             timeout=timedelta(seconds=120)).wait([GO_KEY])
+    TCPStore(
+        "127.0.0.1",
+        config.store_port,
+        is_master=False,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=120),
+    ).wait([GO_KEY])
     fired = set(config.fired)
     try:
         while not _finished(manager, config):
             step = manager.current_step()
-            fault = config.plan.at(config.replica, step) if (config.replica, step) not in fired else None
+            fault = (
+                config.plan.at(config.replica, step)
+                if (config.replica, step) not in fired
+                else None
+            )
             if fault is not None:
                 fired.add((config.replica, step))
                 events.put(("fault", config.replica, step, fault.value, time.time()))
@@ -172,24 +224,53 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
             if config.step_time_s:
                 time.sleep(config.step_time_s)  # simulated compute, not synchronization
             opt.zero_grad()
-            gen = torch.Generator().manual_seed(config.seed * 1_000_003 + config.replica * 10_007 + step)
+            gen = torch.Generator().manual_seed(
+                config.seed * 1_000_003 + config.replica * 10_007 + step
+            )
             x = torch.randn(8, 16, generator=gen)
             y = x.sum(dim=1, keepdim=True)
             loss = torch.nn.functional.mse_loss(ddp(x), y)
             if fault == Fault.KILL_REPLICA:
                 os.kill(os.getpid(), signal.SIGKILL)
-            if fault == Fault.KILL_BABY_CHILD and isinstance(inner, ProcessGroupBabyGloo) and inner.child_pid:
+            if (
+                fault == Fault.KILL_BABY_CHILD
+                and isinstance(inner, ProcessGroupBabyGloo)
+                and inner.child_pid
+            ):
                 os.kill(inner.child_pid, signal.SIGKILL)
             if fault == Fault.FAIL_ALLREDUCE:
                 pg.armed = True
             loss.backward()
-            before = manager.current_step()  # after the quorum and any heal: the step being voted on
+            before = (
+                manager.current_step()
+            )  # after the quorum and any heal: the step being voted on
             opt.step()
             committed = manager.current_step() > before
             epoch, quorum_id = manager.quorum_id()
-            events.put(("step", config.replica, config.group_rank, config.incarnation, before, committed,
-                        f"{epoch}/{quorum_id}", manager.num_participants(), float(loss.item()), time.time()))
-        events.put(("done", config.replica, config.group_rank, config.incarnation, manager.current_step(),
-                    state_checksum(model.state_dict(), optim.state_dict()), time.time()))
+            events.put(
+                (
+                    "step",
+                    config.replica,
+                    config.group_rank,
+                    config.incarnation,
+                    before,
+                    committed,
+                    f"{epoch}/{quorum_id}",
+                    manager.num_participants(),
+                    float(loss.item()),
+                    time.time(),
+                )
+            )
+        events.put(
+            (
+                "done",
+                config.replica,
+                config.group_rank,
+                config.incarnation,
+                manager.current_step(),
+                state_checksum(model.state_dict(), optim.state_dict()),
+                time.time(),
+            )
+        )
     finally:
         manager.shutdown(wait=False)
