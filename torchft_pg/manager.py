@@ -313,16 +313,13 @@ class Manager:
                 addr,
             )
             try:
-                with self._pg_lock:
+                with self._pg_lock:  # the group and the id it is recorded under change together
                     self._pg.configure(addr, result.replica_rank, result.replica_world_size)
+                    self._epoch, self._quorum_id = result.epoch, result.quorum_id
+                    self._participants = list(result.replica_ids)
             except Exception as e:
                 self.report_error(e)
                 return
-            self._epoch, self._quorum_id, self._participants = (
-                result.epoch,
-                result.quorum_id,
-                list(result.replica_ids),
-            )
         if allow_heal:
             self._heal(result, timeout)
 
@@ -479,20 +476,32 @@ class Manager:
         return ProxyFuture(fut, default, self.report_error, timeout or self._timeout).future
 
     def _on_failure_notice(self, notice: FailureNotice) -> None:
-        dead = set(notice.dead_replica_ids) & set(self._participants)
-        if not dead or (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
-            return
-        error = ProcessGroupError(
-            f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}"
-        )
-        self.report_error(error)
-        with self._inflight_lock:
-            inflight = list(self._inflight)
-        for proxy in inflight:
-            proxy.abort(error)
+        """A peer of `notice`'s quorum died: fail this step's collectives on it now.
+
+        Only a step already running collectives on that quorum is affected. A
+        late notice about an older quorum, or one arriving while this step's
+        quorum is still being formed (the lighthouse already excludes the dead
+        replica), is ignored: reporting it would make this replica skip
+        collectives its new peers are waiting for.
+        """
         with self._pg_lock:
-            if (notice.epoch, notice.quorum_id) == (self._epoch, self._quorum_id):
-                self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
+            quorum = self._quorum_future
+            if quorum is None or not quorum.done():
+                return
+            if (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
+                return
+            dead = set(notice.dead_replica_ids) & set(self._participants)
+            if not dead:
+                return
+            error = ProcessGroupError(
+                f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}"
+            )
+            self.report_error(error)
+            with self._inflight_lock:
+                inflight = list(self._inflight)
+            for proxy in inflight:
+                proxy.abort(error)
+            self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
 
     def _on_watch_error(self, e: Exception) -> None:
         logger.warning("%s failure-notice stream broke: %s", self._tag(), e)

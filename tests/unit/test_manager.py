@@ -57,6 +57,7 @@ class FakeClient:
         self.votes: list[tuple[int, bool]] = []
         self.failure_callback: Any = None
         self.quorum_error: Exception | None = None
+        self.gate: threading.Event | None = None  # when set, quorum() waits for it
 
     def quorum(
         self,
@@ -72,6 +73,8 @@ class FakeClient:
         self.quorum_calls.append(
             {"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata}
         )
+        if self.gate is not None:
+            assert self.gate.wait(5.0)
         if self.quorum_error is not None:
             raise self.quorum_error
         return self.results.pop(0) if len(self.results) > 1 else self.results[0]
@@ -293,6 +296,22 @@ def test_failure_notice_aborts_inflight_collectives_at_once() -> None:
     client.failure_callback(FailureNotice(epoch="ep", quorum_id=0, dead_replica_ids=("r1",)))
     client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("stranger",)))
     assert manager.errored() is None and pg.aborted == 1
+    manager.shutdown()
+
+
+def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> None:
+    manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=2, world=2)])
+    manager.start_quorum()
+    manager.wait_quorum()
+    manager.should_commit()
+    client.gate = threading.Event()
+    manager.start_quorum()  # quorum 2 is still forming: the lighthouse already dropped r2
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    assert manager.errored() is None and pg.aborted == 0
+    client.gate.set()
+    t = torch.ones(1)
+    manager.allreduce(t).wait()
+    assert t.item() == 1.0 and manager.should_commit()  # took part on quorum 2
     manager.shutdown()
 
 
