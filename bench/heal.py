@@ -5,15 +5,16 @@ plain socket for the baseline, Gloo process group); this process receives it
 and times each heal. Every row is the median of `--repeats` receives; the ratio
 is baseline seconds / row seconds (> 1 means faster than plain torch).
 
-    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 2] [--budget-s 85]
+    .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 2] [--budget-s 70]
 
 Rows "new process" time the first heal of a freshly started receiver (what a
 restarted replica does): its memory has never been touched, so page faults
 cost more than in the rows that heal repeatedly in one process.
 
-Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout,
-the whole run stops after --budget-s seconds, and every child is stopped by
-pid at the end, even on failure.
+Prints a table, then one JSON line. Bounded: each receive has a 30 s timeout;
+no round starts after 60% of --budget-s and no new-process heal after
+--budget-s (rows show how many samples they got); a hard stop fires 15 s after
+the budget; every child is stopped by pid at the end, even on failure.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
+_T0 = time.monotonic()  # the run's budget counts from here, imports included
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch
-import torch.distributed as dist
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
-from torchft_pg.checkpointing import HTTPTransport, PGTransport
+from torchft_pg.checkpointing import HTTPTransport, PGTransport  # noqa: E402
 
 TIMEOUT = timedelta(seconds=30)
 STEP = 7
@@ -108,11 +110,21 @@ def cold_receiver(url: str, chunks: int, mb: int, in_place: bool, conn: Connecti
     t.shutdown()
 
 
-def _cold(url: str, chunks: int, mb: int, in_place: bool, repeats: int) -> tuple[float, float]:
-    """(median, best) seconds of `repeats` heals, each in a fresh process (start-up not timed)."""
+Row = tuple[str, float, float, int]  # name, median s, best s, samples
+
+
+def _cold(
+    url: str, chunks: int, mb: int, in_place: bool, repeats: int, until: float
+) -> list[float]:
+    """Seconds of up to `repeats` heals, each in a fresh process (start-up not timed).
+
+    No new heal starts after monotonic time `until` (the run's budget).
+    """
     ctx = mp.get_context("spawn")
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
+        if time.monotonic() > until:
+            break
         parent, child_conn = ctx.Pipe()
         proc = ctx.Process(
             target=cold_receiver, args=(url, chunks, mb, in_place, child_conn), daemon=True
@@ -127,27 +139,72 @@ def _cold(url: str, chunks: int, mb: int, in_place: bool, repeats: int) -> tuple
             if proc.is_alive() and proc.pid is not None:
                 os.kill(proc.pid, 9)
                 proc.join(5)
-    return statistics.median(times), min(times)
+    return times
 
 
-def _rounds(configs: list[tuple[str, Any]], repeats: int) -> list[tuple[str, float, float]]:
-    """(name, median s, best s) per config, measured round-robin.
+def _rounds(configs: list[tuple[str, Any]], repeats: int, until: float) -> dict[str, list[float]]:
+    """Seconds per config, measured round-robin for up to `repeats` rounds.
 
     Interleaving the configs spreads load from other processes on a shared
     machine evenly over the rows; each result is freed outside the timed region.
+    After the first round, no round starts past monotonic time `until`.
     """
     times: dict[str, list[float]] = {name: [] for name, _ in configs}
-    for _ in range(repeats):
+    for r in range(repeats):
+        if r > 0 and time.monotonic() > until:
+            break
         for name, fn in configs:
             t0 = time.perf_counter()
             out = fn()
             times[name].append(time.perf_counter() - t0)
             del out
-    return [(name, statistics.median(times[name]), min(times[name])) for name, _ in configs]
+    return times
+
+
+def _report(samples: dict[str, list[float]], nbytes: int, budget_s: int) -> None:
+    """Print the table and the final JSON line."""
+    rows: list[Row] = [
+        (name, statistics.median(ts), min(ts), len(ts)) for name, ts in samples.items() if ts
+    ]
+    skipped = [name for name, ts in samples.items() if not ts]
+    base = rows[0][1]
+    print(
+        f"\nheal of a {nbytes / 1e6:.0f} MB ({nbytes >> 20} MiB) fp32 state dict over loopback; "
+        f"in-process rows interleaved round-robin; ratio = torch median / row median; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'transport':<46}{'n':>3}{'median s':>9}{'GB/s':>7}{'best s':>8}{'GB/s':>7}{'vs torch':>10}"
+    )
+    for name, med, best, n in rows:
+        print(
+            f"{name:<46}{n:>3}{med:>9.3f}{nbytes / med / 1e9:>7.2f}{best:>8.3f}"
+            f"{nbytes / best / 1e9:>7.2f}{base / med:>9.2f}x"
+        )
+    for name in skipped:
+        print(f"{name:<46}  skipped: --budget-s {budget_s} reached")
+    result = {
+        "bench": "heal",
+        "bytes": nbytes,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "seconds": round(time.monotonic() - _T0, 1),
+        "rows": {
+            name: {
+                "n": n,
+                "median_s": round(med, 4),
+                "median_GBps": round(nbytes / med / 1e9, 3),
+                "best_s": round(best, 4),
+                "ratio_vs_torch": round(base / med, 2),
+            }
+            for name, med, best, n in rows
+        },
+        "skipped": skipped,
+    }
+    print(json.dumps(result))
 
 
 def _over_budget(signum: int, frame: Any) -> None:
-    raise TimeoutError("bench/heal.py ran past its --budget-s; stopping")
+    raise TimeoutError("bench/heal.py ran past its hard limit; stopping")
 
 
 def main() -> None:
@@ -155,10 +212,13 @@ def main() -> None:
     ap.add_argument("--mb", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cold", type=int, default=2, help="heals in fresh processes per row")
-    ap.add_argument("--budget-s", type=int, default=85, help="abort the whole run after this")
+    ap.add_argument(
+        "--budget-s", type=int, default=70, help="start no new measurement after this (s)"
+    )
     args = ap.parse_args()
-    signal.signal(signal.SIGALRM, _over_budget)
-    signal.alarm(args.budget_s)  # the finally blocks below still stop every child by pid
+    signal.signal(signal.SIGALRM, _over_budget)  # hard stop 15 s after the budget;
+    signal.alarm(max(1, int(args.budget_s + 15 - (time.monotonic() - _T0))))  # children die by pid
+    soft_end = _T0 + args.budget_s
     store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=TIMEOUT, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     parent, child_conn = ctx.Pipe()
@@ -210,46 +270,22 @@ def main() -> None:
             if in_place:
                 dst["sd"] = pg_recv()
             configs.append((f"PGTransport gloo{' in place' if in_place else ''}", pg_recv))
-        rows = _rounds(configs, args.repeats)
+        samples = _rounds(configs, args.repeats, _T0 + 0.6 * args.budget_s)
         for chunks, in_place in ((0, False), (4, False), (4, True)):
             label = (
                 f"HTTPTransport num_chunks={chunks} new process{' in place' if in_place else ''}"
             )
-            rows.append((label, *_cold(url, chunks, args.mb, in_place, args.cold)))
+            samples[label] = _cold(url, chunks, args.mb, in_place, args.cold, soft_end)
+        signal.alarm(0)  # measured: report before any teardown can stall
+        _report(samples, nbytes, args.budget_s)
         for t in transports:
             t.shutdown()
         parent.send("stop")
-        proc.join(10)
+        proc.join(3)
     finally:
         if proc.is_alive() and proc.pid is not None:
             os.kill(proc.pid, 9)
             proc.join(5)
-    base = rows[0][1]
-    print(
-        f"\nheal of a {nbytes / 1e6:.0f} MB ({nbytes >> 20} MiB) fp32 state dict over loopback, "
-        f"{args.repeats} rounds, rows interleaved; ratio = torch median / row median"
-    )
-    print(f"{'transport':<46}{'median s':>9}{'GB/s':>7}{'best s':>8}{'GB/s':>7}{'vs torch':>10}")
-    for name, med, best in rows:
-        print(
-            f"{name:<46}{med:>9.3f}{nbytes / med / 1e9:>7.2f}{best:>8.3f}{nbytes / best / 1e9:>7.2f}"
-            f"{base / med:>9.2f}x"
-        )
-    result = {
-        "bench": "heal",
-        "bytes": nbytes,
-        "repeats": args.repeats,
-        "rows": {
-            name: {
-                "median_s": round(med, 4),
-                "median_GBps": round(nbytes / med / 1e9, 3),
-                "best_s": round(best, 4),
-                "ratio_vs_torch": round(base / med, 2),
-            }
-            for name, med, best in rows
-        },
-    }
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
