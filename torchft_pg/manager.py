@@ -248,10 +248,9 @@ class Manager:
             store.set("replica_id", full_id)
         addr = store.get("manager_addr").decode()
         full_id = store.get("replica_id").decode()
-        remote = ManagerClient(addr, self._connect_timeout)
         if self._server is not None:  # rank 0 calls its own server without gRPC
-            return LocalManagerClient(self._server, remote), full_id
-        return remote, full_id
+            return LocalManagerClient(self._server, addr, self._connect_timeout), full_id
+        return ManagerClient(addr, self._connect_timeout), full_id
 
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(

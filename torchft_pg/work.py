@@ -14,7 +14,7 @@ import torch
 from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
-__all__ = ["ErrorSwallowingWork", "completed_future", "completed_work"]
+__all__ = ["ErrorSwallowingWork", "FailedWork", "completed_future", "completed_work"]
 
 
 def completed_future(value: Any) -> Future[Any]:
@@ -26,6 +26,22 @@ def completed_future(value: Any) -> Future[Any]:
 def completed_work(value: Any = None) -> Work:
     """A Work that is already done and whose future yields `value`."""
     return _create_work_from_future(completed_future(value))
+
+
+class FailedWork(Work):
+    """A Work that failed with `error`, as a backend's does when a peer dies."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self._error = error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        raise self._error
+
+    def get_future(self) -> Future[Any]:
+        fut: Future[Any] = Future()
+        fut.set_exception(self._error)
+        return fut
 
 
 class ErrorSwallowingWork(Work):

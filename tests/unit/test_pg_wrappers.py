@@ -11,26 +11,9 @@ from typing import Any
 import pytest
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
-from torch.futures import Future
 
 from torchft_pg import ErrorSwallowingProcessGroupWrapper, ManagedProcessGroup, ProcessGroupDummy
-from torchft_pg.work import completed_work
-
-
-class FailedWork(Work):
-    """A work that fails the way a Gloo work does when a peer dies."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__()
-        self._error = error
-
-    def wait(self, timeout: Any = None) -> bool:
-        raise self._error
-
-    def get_future(self) -> Future[Any]:
-        fut: Future[Any] = Future()
-        fut.set_exception(self._error)
-        return fut
+from torchft_pg.work import FailedWork, completed_work
 
 
 class FailingGroup(ProcessGroupDummy):

@@ -21,7 +21,6 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import Work
 from torch.distributed import TCPStore
-from torch.futures import Future
 
 from torchft_pg.chaos.plan import Fault, FaultPlan
 from torchft_pg.checkpointing import PGTransport
@@ -34,6 +33,7 @@ from torchft_pg.process_group import (
     ProcessGroupGloo,
     ProcessGroupWrapper,
 )
+from torchft_pg.work import FailedWork
 
 __all__ = ["TrainerConfig", "run_trainer", "state_checksum"]
 
@@ -64,20 +64,6 @@ class TrainerConfig:
     log_level: int = logging.WARNING
 
 
-class _FailedWork(Work):
-    def __init__(self, error: Exception) -> None:
-        super().__init__()
-        self._error = error
-
-    def wait(self, timeout: Any = None) -> bool:
-        raise self._error
-
-    def get_future(self) -> Future[Any]:
-        fut: Future[Any] = Future()
-        fut.set_exception(self._error)
-        return fut
-
-
 class FaultInjectingProcessGroup(ProcessGroupWrapper):
     """Wraps a group; once armed, the next allreduce runs but reports a failure."""
 
@@ -90,7 +76,7 @@ class FaultInjectingProcessGroup(ProcessGroupWrapper):
         if op == "allreduce" and self.armed:
             self.armed = False
             work.wait()  # the peers' collective completes; only ours is reported failed
-            return _FailedWork(RuntimeError("injected allreduce failure"))
+            return FailedWork(RuntimeError("injected allreduce failure"))
         return work
 
 
