@@ -15,12 +15,13 @@ which lands in ``manager.allreduce``: averaged over the live participants,
 zeros from a healing replica, never raising (a failure turns the step's commit
 vote into no). We chose this over torchft's present way (FSDP over the shard
 mesh plus ``FSDPModule.set_all_reduce_hook``) after measuring both with torch
-2.13 on Gloo, 2 replica groups x 2 ranks, against a single-process reference:
-both give the same, correct parameters (one module, nested modules, gradient
-accumulation, bf16 parameters, a replica group dying mid-run), but the hook
-must be installed on every ``FSDPModule`` (forget one and that module's
-replicas silently drift apart), is refused with per-parameter meshes, and runs
-even under ``set_requires_all_reduce(False)``. Unlike torchft's old
+2.13 on Gloo, 2 replica groups x 2 ranks: both gave bit-identical losses and
+parameters to each other in every case we ran (one module, nested modules,
+gradient accumulation, bf16 parameters, a replica group dying mid-run), and
+tests/integration/test_hsdp.py checks this path against a single-process
+reference. But the hook must be installed on every ``FSDPModule`` (forget one
+and that module's replicas silently drift apart), is refused with
+per-parameter meshes, and runs even under ``set_requires_all_reduce(False)``. Unlike torchft's old
 ``ManagedDeviceMesh`` nothing here subclasses or patches DeviceMesh: the mesh
 comes from the public ``DeviceMesh.from_group``.
 
@@ -28,8 +29,9 @@ What the size-1 replicate dimension means for callers:
 - ``mesh.size(replicate_name)`` and ``mesh.shape`` report 1 for it; the live
   number of replica groups is ``manager.num_participants()`` (FSDP itself asks
   the group, whose ``size()`` is live, so its gradient scaling is right).
-- Flattening the replicate dimension with others (``mesh[...]._flatten()``,
-  torchtitan's "dp") yields a group inside this replica group only.
+- Flattening the replicate dimension together with others (``_flatten``,
+  torchtitan's "dp") is not supported: c10d knows only this replica group's
+  ranks for that dimension.
 - Sharded state dicts hold DTensors; heal them with
   `torchft_pg.sharded_state.sharded_state_dict_fns` (the heal transports carry
   plain tensors). All replica groups must use the same mesh shape.
