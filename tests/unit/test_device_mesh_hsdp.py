@@ -18,7 +18,9 @@ from torch.distributed.tensor import DTensor
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torchft_pg.device_mesh import ft_init_device_mesh
+from torchft_pg.process_group import ManagedProcessGroup, ProcessGroupDummy
 from torchft_pg.sharded_state import sharded_state_dict_fns, to_local_tree
+from torchft_pg.work import completed_work
 
 
 class NoManager:
@@ -108,3 +110,46 @@ def test_sharded_state_refuses_a_different_sharding(fake_world: None) -> None:
     del payload["model"]["0.weight"]
     with pytest.raises(KeyError, match=r"missing \['0.weight'\]"):
         sharded_state_dict_fns(model, optimizer).load(payload)
+
+
+class OneReplicaManager:
+    """A Manager stand-in: one live replica, allreduce leaves tensors as they are."""
+
+    def __init__(self) -> None:
+        self.pg = ProcessGroupDummy(0, 1)
+        self.allreduced: list[torch.Size] = []
+
+    def allreduce(self, tensor: torch.Tensor, reduce_op: Any = None) -> Any:
+        self.allreduced.append(tensor.shape)
+        return completed_work(tensor)
+
+    def num_participants(self) -> int:
+        return 1
+
+    def participating_rank(self) -> int | None:
+        return 0
+
+    def report_error(self, e: Exception) -> None:
+        raise AssertionError(f"unexpected error: {e}")
+
+    def errored(self) -> Exception | None:
+        return None
+
+
+def test_ft_mesh_slices_into_an_hsdp_mesh_whose_replicate_group_is_the_manager(
+    fake_world: None,
+) -> None:
+    manager = OneReplicaManager()
+    mesh = ft_init_device_mesh("cpu", (8, 2, 1), ("dp_replicate", "dp_shard", "tp"), 0, manager)
+    assert mesh.mesh_dim_names == ("dp_replicate", "dp_shard", "tp")
+    assert tuple(mesh.shape) == (1, 2, 1)  # the replicate entry of mesh_shape is not used
+    replicate = mesh.get_group("dp_replicate")
+    assert isinstance(replicate, ManagedProcessGroup) and replicate.size() == 1
+    dp = mesh["dp_replicate", "dp_shard"]
+    assert dp.get_group("dp_replicate") is replicate
+    model = torch.nn.Linear(4, 3)
+    fully_shard(model, mesh=dp)
+    model(torch.randn(5, 4)).sum().backward()
+    # FSDP2 ran native HSDP: one all-reduce of the reduce-scattered gradients via the Manager.
+    assert manager.allreduced == [torch.Size([10])]  # this rank: 2 of 4 padded weight rows (8) + 2 bias
+    replicate.unregister()
