@@ -23,13 +23,26 @@ class Fault(str, Enum):
 
 @dataclass(frozen=True)
 class FaultPlan:
-    """Faults keyed by (replica index, step); a step is the replica's committed step."""
+    """Faults keyed by (replica index, step); a step is the replica's committed step.
+
+    A fault fires at the replica's first step at or past the planned one (`due`).
+    """
 
     faults: dict[tuple[int, int], Fault] = field(default_factory=dict)
     seed: int | None = None
 
     def at(self, replica: int, step: int) -> Fault | None:
         return self.faults.get((replica, step))
+
+    def due(self, replica: int, step: int, fired: set[tuple[int, int]]) -> tuple[int, Fault] | None:
+        """The earliest unfired fault of `replica` planned at or before `step`.
+
+        A fault fires at the replica's first step at or past its planned step:
+        a restarted replica heals past the steps it missed, and its faults
+        there must still fire, or the plan's fault count would depend on timing.
+        """
+        planned = sorted(s for (r, s) in self.faults if r == replica and s <= step and (r, s) not in fired)
+        return (planned[0], self.faults[(replica, planned[0])]) if planned else None
 
     def count(self, kind: Fault) -> int:
         return sum(1 for f in self.faults.values() if f == kind)

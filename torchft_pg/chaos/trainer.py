@@ -197,14 +197,12 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
     try:
         while not _finished(manager, config):
             step = manager.current_step()
-            fault = (
-                config.plan.at(config.replica, step)
-                if (config.replica, step) not in fired
-                else None
-            )
-            if fault is not None:
-                fired.add((config.replica, step))
-                events.put(("fault", config.replica, step, fault.value, time.time()))
+            due = config.plan.due(config.replica, step, fired)
+            fault = None
+            if due is not None:
+                planned, fault = due
+                fired.add((config.replica, planned))
+                events.put(("fault", config.replica, planned, fault.value, time.time()))
             if fault == Fault.DELAY:
                 time.sleep(config.delay_s)  # the fault itself: a stalled replica
             if config.step_time_s:
