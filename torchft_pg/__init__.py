@@ -3,6 +3,7 @@
 Importing this package has no side effects (no threads, sockets or env reads).
 """
 
+from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.errors import (
     FaultToleranceError,
     NotConfiguredError,
@@ -10,6 +11,9 @@ from torchft_pg.errors import (
     ProcessGroupError,
     ProcessGroupTimeoutError,
 )
+from torchft_pg.manager import Manager, WorldSizeMode
+from torchft_pg.optim import OptimizerWrapper
+from torchft_pg.optim import OptimizerWrapper as Optimizer  # torchft's name
 from torchft_pg.process_group import (
     ErrorSwallowingProcessGroupWrapper,
     ManagedProcessGroup,
@@ -22,13 +26,19 @@ from torchft_pg.process_group import (
     ProcessGroupNCCL,
     ProcessGroupWrapper,
     create_store_client,
+    extend_device_mesh,
+    ft_init_device_mesh,
 )
 
 __all__ = [
+    "DistributedDataParallel",
     "ErrorSwallowingProcessGroupWrapper",
     "FaultToleranceError",
     "ManagedProcessGroup",
+    "Manager",
     "NotConfiguredError",
+    "Optimizer",
+    "OptimizerWrapper",
     "ProcessGroup",
     "ProcessGroupAbortedError",
     "ProcessGroupBaby",
@@ -40,5 +50,8 @@ __all__ = [
     "ProcessGroupNCCL",
     "ProcessGroupTimeoutError",
     "ProcessGroupWrapper",
+    "WorldSizeMode",
     "create_store_client",
+    "extend_device_mesh",
+    "ft_init_device_mesh",
 ]

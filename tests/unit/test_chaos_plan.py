@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from torchft_pg.chaos import Fault, FaultPlan
@@ -14,10 +16,10 @@ def test_same_seed_same_plan_and_spacing() -> None:
     assert a.count(Fault.KILL_REPLICA) == 10 and len(a.faults) == 13
     assert all(r != 0 for (r, _), f in a.faults.items() if f == Fault.KILL_REPLICA)  # replica 0 survives
     steps = sorted(s for _, s in a.faults)
-    assert all(y - x >= 8 for x, y in zip(steps, steps[1:], strict=False))
+    assert all(y - x >= 8 for x, y in itertools.pairwise(steps))
     for replica in range(4):
         own = sorted(s for r, s in a.faults if r == replica)
-        assert all(y - x >= 24 for x, y in zip(own, own[1:], strict=False))
+        assert all(y - x >= 24 for x, y in itertools.pairwise(own))
 
 
 def test_a_fault_fires_at_the_first_step_at_or_past_its_plan() -> None:

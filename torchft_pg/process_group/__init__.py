@@ -5,6 +5,8 @@ to `torch.distributed` calls, and re-form at run time with
 ``configure(store_addr, rank, world_size)``.
 """
 
+# After the groups: device_mesh builds on them (torchft exports these from here too).
+from torchft_pg.device_mesh import extend_device_mesh, ft_init_device_mesh
 from torchft_pg.process_group.baby import (
     ProcessGroupBaby,
     ProcessGroupBabyGloo,
@@ -33,4 +35,6 @@ __all__ = [
     "ProcessGroupNCCL",
     "ProcessGroupWrapper",
     "create_store_client",
+    "extend_device_mesh",
+    "ft_init_device_mesh",
 ]
