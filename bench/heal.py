@@ -2,8 +2,11 @@
 
 A child process holds a ~400 MB fp32 state dict and serves it (HTTP server,
 plain socket for the baseline, Gloo process group); this process receives it
-and times each heal. Every row is the median of `--repeats` receives; the ratio
-is baseline seconds / row seconds (> 1 means faster than plain torch).
+and times each heal. In-process rows run round-robin for up to `--repeats`
+rounds (so load from other jobs spreads evenly) and report median and best;
+the ratio is baseline median / row median (> 1 means faster than plain torch).
+The machine's load average is printed with the table: on a shared box, read
+figures taken under load as lower bounds.
 
     .venv/bin/python bench/heal.py [--mb 400] [--repeats 5] [--cold 2] [--budget-s 70]
 
