@@ -9,6 +9,13 @@ Rules (kept from the peer, see DESIGN.md and the behaviour reference §3.2):
 3. a strict majority of all live replicas (split-brain guard),
 4. and wait up to ``join_timeout_s`` (from the earliest pending ask) for live
    replicas that have not asked yet; then issue.
+5. Beyond the peer, on every path: never issue a quorum whose highest step is
+   below the last step a live replica outside it reported. Such a quorum
+   would commit steps again from an older state, and those commits would be
+   overwritten when the replica that is ahead heals everyone (a split history:
+   e.g. restarted replicas at step 0 outvoting the one holding steps 0..85
+   while it is briefly stalled). Wait for it instead; if it dies, it stops
+   being live and the quorum proceeds.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Fixes over the peer: a cancelled request is withdrawn (it can
@@ -58,7 +65,7 @@ class Decision:
     """``members`` (sorted by replica id) when a quorum should be issued, else None.
 
     ``kind`` is a stable tag (``fast``, ``ready``, ``idle``, ``min_replicas``,
-    ``split_brain``, ``join_timeout``, ``shrink_empty``); ``reason`` says why in words.
+    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``); ``reason`` says why in words.
     """
 
     members: tuple[QuorumMember, ...] | None
@@ -211,7 +218,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             reason += f", admitting {joiners} joiner(s)"
         if held:
             reason += f", shrink_only holds {held} newcomer(s) back"
-        return Decision(members, reason, "fast")
+        return _unless_behind(members, state) or Decision(members, reason, "fast")
     tail = f"[{n} asked, shrink_only={shrink}]"
     if n < config.min_replicas:
         return Decision(
@@ -245,4 +252,25 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     reason = f"quorum of {len(members)}: {n} of {live} live replicas asked"
     if stragglers > 0:
         reason += f"; join_timeout passed, leaving {stragglers} straggler(s) out"
-    return Decision(members, reason, "ready")
+    return _unless_behind(members, state) or Decision(members, reason, "ready")
+
+
+def _unless_behind(members: tuple[QuorumMember, ...], state: QuorumState) -> Decision | None:
+    """A "behind" refusal if a live replica outside `members` reported a higher step (rule 5).
+
+    O(live replicas); runs only when a quorum would otherwise be issued.
+    """
+    top = max((m.step for m in members), default=0)
+    inside = {m.replica_id for m in members}
+    ahead = sorted(
+        (m.step, rid) for rid, m in state.last_member.items() if rid not in inside and m.step > top
+    )
+    if not ahead:
+        return None
+    listed = ", ".join(f"{rid} (step {step})" for step, rid in ahead[-3:])
+    return Decision(
+        None,
+        f"not ready: live replica(s) {listed} are ahead of the askers' highest step {top}; "
+        "waiting for them so no committed step is overwritten",
+        "behind",
+    )

@@ -206,3 +206,33 @@ def test_fake_clock_only_moves_forward() -> None:
     assert clock.advance(1.5) == 6.5
     with pytest.raises(ValueError, match="seconds must be >= 0, got -1"):
         clock.advance(-1)
+
+
+def test_never_issues_behind_a_live_replica_that_is_ahead() -> None:
+    """Restarted replicas at step 0 must not outvote the live one holding steps 0..85."""
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+    ask(state, clock, "a", step=85)
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["a"])
+    for rid in ("b", "c", "d"):
+        ask(state, clock, rid, step=0)
+    clock.advance(10)  # past any join timeout; b, c, d are a majority of 4
+    state.heartbeat("a", clock.now())
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.members is None and d.kind == "behind"
+    assert "a (step 85)" in d.reason and "highest step 0" in d.reason
+    ask(state, clock, "a", step=86)  # a asks again: everyone is in, b, c, d will heal
+    assert decide_and_issue(state, clock, cfg)[1] == ["a", "b", "c", "d"]
+
+
+def test_a_dead_replica_that_was_ahead_no_longer_blocks() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+    ask(state, clock, "a", step=9)
+    decide_and_issue(state, clock, cfg)
+    ask(state, clock, "b", step=3)
+    ask(state, clock, "c", step=3)
+    clock.advance(2)
+    assert decide_quorum(clock.now(), state, cfg).kind == "behind"
+    state.forget("a")  # its liveness stream closed
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["b", "c"])
