@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
@@ -32,21 +31,19 @@ from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import FailureNotice, ManagerClient, ManagerServer, QuorumResult
-from lighthouse.local import LocalManagerClient
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
 from torchft_pg.errors import CommitFailedError, ProcessGroupError, RecoveryError
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.healing import StateDictRegistry
+from torchft_pg.manager_setup import connect_replica_group
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.work import completed_work
+from torchft_pg.work import ManagedWork, completed_work
 
 __all__ = ["Manager", "WorldSizeMode"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-MANAGER_KEY_PREFIX = "torchft_pg/manager"
 
 
 class WorldSizeMode(Enum):
@@ -77,24 +74,6 @@ class ManagerClientLike(Protocol):
     def should_commit(
         self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
     ) -> bool: ...
-
-
-class _ManagedWork(Work):
-    """A collective whose future never raises: errors become the default value."""
-
-    def __init__(self, proxy: ProxyFuture[Any]) -> None:
-        super().__init__()
-        self._proxy = proxy
-
-    def wait(self, timeout: timedelta | None = None) -> bool:
-        self._proxy.future.wait()  # bounded: the proxy has a deadline
-        return True
-
-    def get_future(self) -> Future[Any]:
-        return self._proxy.future
-
-    def is_completed(self) -> bool:
-        return self._proxy.done
 
 
 class Manager:
@@ -168,8 +147,8 @@ class Manager:
             )
             hostname = config.hostname
             self._group_rank, self._group_world_size = config.rank, config.world_size
-            client, self.replica_id = self._start(
-                config, hostname, heartbeat_interval, quorum_retries
+            client, self.replica_id, self._server = connect_replica_group(
+                config, hostname, heartbeat_interval, self._connect_timeout, quorum_retries
             )
         else:
             self._group_rank = rank if rank is not None else 0
@@ -208,50 +187,6 @@ class Manager:
         self._step_time_ms = 0.0
 
     # -- start-up ----------------------------------------------------------------
-    def _start(
-        self,
-        config: ManagerConfig,
-        hostname: str | None,
-        heartbeat_interval: timedelta,
-        quorum_retries: int,
-    ) -> tuple[ManagerClientLike, str]:
-        """Group rank 0 starts the manager server; every rank finds it in the group store."""
-        from torch.distributed import PrefixStore, TCPStore
-
-        store = PrefixStore(
-            MANAGER_KEY_PREFIX,
-            TCPStore(
-                config.store_addr,
-                config.store_port,
-                is_master=False,
-                timeout=self._connect_timeout,
-                wait_for_workers=False,
-            ),
-        )
-        if config.rank == 0:
-            full_id = (
-                f"{config.replica_id}:{uuid.uuid4().hex[:12]}"  # a restarted group is a new member
-            )
-            assert config.lighthouse_addr is not None
-            self._server = ManagerServer(
-                full_id,
-                config.lighthouse_addr,
-                hostname=hostname,
-                bind=f"[::]:{config.port}",
-                store_addr=f"{config.store_addr}:{config.store_port}",
-                world_size=config.world_size,
-                heartbeat_interval=heartbeat_interval,
-                connect_timeout=self._connect_timeout,
-                quorum_retries=quorum_retries,
-            )
-            store.set("manager_addr", self._server.address())
-            store.set("replica_id", full_id)
-        addr = store.get("manager_addr").decode()
-        full_id = store.get("replica_id").decode()
-        if self._server is not None:  # rank 0 calls its own server without gRPC
-            return LocalManagerClient(self._server, addr, self._connect_timeout), full_id
-        return ManagerClient(addr, self._connect_timeout), full_id
-
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(
         self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None
@@ -407,7 +342,7 @@ class Manager:
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
         if self._errored is not None:  # a failure notice raced with our submit
             proxy.abort(self._errored)
-        return _ManagedWork(proxy)
+        return ManagedWork(proxy)
 
     def _forget(self, proxy: ProxyFuture[Any]) -> None:
         with self._inflight_lock:

@@ -14,7 +14,9 @@ import torch
 from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
-__all__ = ["ErrorSwallowingWork", "FailedWork", "completed_future", "completed_work"]
+from torchft_pg.futures import ProxyFuture
+
+__all__ = ["ErrorSwallowingWork", "FailedWork", "ManagedWork", "completed_future", "completed_work"]
 
 
 def completed_future(value: Any) -> Future[Any]:
@@ -42,6 +44,25 @@ class FailedWork(Work):
         fut: Future[Any] = Future()
         fut.set_exception(self._error)
         return fut
+
+
+class ManagedWork(Work):
+    """The Manager's collective: its future never raises (errors yield the default)
+    and always completes, at the latest at the proxy's deadline."""
+
+    def __init__(self, proxy: ProxyFuture[Any]) -> None:
+        super().__init__()
+        self._proxy = proxy
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._proxy.future.wait()
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._proxy.future
+
+    def is_completed(self) -> bool:
+        return self._proxy.done
 
 
 class ErrorSwallowingWork(Work):
