@@ -57,19 +57,56 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
         iters = max(1, ITERS[size_name] // (4 if quick else 1))
         for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
             fn(t)
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                ctx.barrier(f"{size_name}/{name}/{len(out[name][size_name])}")
-                samples = []
-                for _ in range(iters):
+        for r in range(rounds):
+            ctx.barrier(f"{size_name}/{r}")
+            # Alternate op by op: each variant's samples see the same machine state.
+            samples: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(iters):
+                for name, fn in variants.items():
                     start = time.perf_counter()
                     fn(t)
-                    samples.append(time.perf_counter() - start)
-                out[name][size_name].append(statistics.median(samples))
+                    samples[name].append(time.perf_counter() - start)
+            for name in variants:
+                out[name][size_name].append(statistics.median(samples[name]))
     baby.shutdown()
     ours.shutdown()
     dist.destroy_process_group()
     return out
+
+
+def _op_cost(ctx: RankContext) -> dict[str, float]:
+    """Per-op cost of each variant in one process (world size 1): no peer, no network,
+    so what remains is each path's own overhead, measured deterministically."""
+    import torch
+    import torch.distributed as dist
+
+    from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+
+    dist.init_process_group("gloo", store=dist.PrefixStore("raw1", ctx.store), rank=0, world_size=1)
+    ours = ProcessGroupGloo(timeout=timedelta(seconds=60))
+    ours.configure(ctx.addr("ours1"), 0, 1)
+    baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
+    baby.configure(ctx.addr("baby1"), 0, 1)
+    t = torch.ones(1024)
+    variants = {
+        "raw": lambda: dist.all_reduce(t),
+        "gloo": lambda: ours.allreduce([t]).wait(),
+        "baby": lambda: baby.allreduce([t]).wait(),
+    }
+    for fn in variants.values():
+        for _ in range(200):
+            fn()
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for _ in range(7):
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            for _ in range(500):
+                fn()
+            samples[name].append((time.perf_counter() - start) / 500)
+    baby.shutdown()
+    ours.shutdown()
+    dist.destroy_process_group()
+    return {k: statistics.median(v) * 1e6 for k, v in samples.items()}
 
 
 def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
@@ -131,6 +168,12 @@ def main() -> None:
             "baby_extra_us": (med["baby"][s] - med["raw"][s]) * 1e6,
         }
 
+    cost = run_ranks(_op_cost, 1, timeout=300)[0]
+    print("\nper-op cost in one process (world size 1, 4 KiB: each path's own overhead, no network)")
+    print(f"  raw torch.distributed {cost['raw']:7.1f} us   torchft_pg Gloo {cost['gloo']:7.1f} us "
+          f"({cost['gloo'] - cost['raw']:+.1f})   BabyGloo {cost['baby']:7.1f} us ({cost['baby'] - cost['raw']:+.1f})")
+    report["op_cost_us"] = cost
+
     print(f"\nconfigure latency ({reconfigs} reconfigurations each, max over ranks per configure)")
     print(f"{'backend':>10} {'world':>5} | {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} | >1 s")
     report["configure"] = {}
@@ -157,7 +200,9 @@ def main() -> None:
             report["allreduce"][s]["gloo_bw_ratio"] >= 0.97 for s in ("256KiB", "4MiB", "64MiB")
         ),
         "gloo_extra_small_op_le_50us": small["gloo_extra_us"] <= 50,
+        "gloo_own_overhead_le_50us": cost["gloo"] - cost["raw"] <= 50,
         "baby_extra_small_op_le_300us": small["baby_extra_us"] <= 300,
+        "baby_own_overhead_le_300us": cost["baby"] - cost["raw"] <= 300,
         "baby_bw_ratio_ge_0.9_at_64MiB": report["allreduce"]["64MiB"]["baby_bw_ratio"] >= 0.9,
         "gloo_configure_ws2_le_10ms": report["configure"]["gloo_ws2"]["p50_ms"] <= 10,
         "gloo_configure_ws4_le_25ms": report["configure"]["gloo_ws4"]["p50_ms"] <= 25,
