@@ -13,7 +13,7 @@ demo:  ## the fault-tolerance demo (see README)
 	PYTHONUNBUFFERED=1 $(PY) examples/demo.py
 
 test:  ## the full CI suite: unit, integration and the short chaos plan
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -rs -m "not slow" tests
 
 test-slow:  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests
