@@ -169,6 +169,8 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchft_pg-quorum")
         self._quorum_future: ThreadFuture[None] | None = None
         self._pg_lock = threading.Lock()
+        # (epoch, quorum id, members) of a configure in progress, for failure notices
+        self._configuring: tuple[str, int, frozenset[str]] | None = None
         self._inflight: set[ProxyFuture[Any]] = set()
         self._inflight_lock = threading.Lock()
 
@@ -246,6 +248,7 @@ class Manager:
                 result.replica_ids,
                 addr,
             )
+            self._configuring = (result.epoch, result.quorum_id, frozenset(result.replica_ids))
             try:
                 with self._pg_lock:  # the group and the id it is recorded under change together
                     self._pg.configure(addr, result.replica_rank, result.replica_world_size)
@@ -254,6 +257,8 @@ class Manager:
             except Exception as e:
                 self.report_error(e)
                 return
+            finally:
+                self._configuring = None
         if allow_heal:
             self._heal(result, timeout)
 
@@ -418,6 +423,14 @@ class Manager:
         replica), is ignored: reporting it would make this replica skip
         collectives its new peers are waiting for.
         """
+        configuring = self._configuring
+        if configuring is not None and (notice.epoch, notice.quorum_id) == configuring[:2]:
+            dead_members = set(notice.dead_replica_ids) & configuring[2]
+            if dead_members:  # fail the rendezvous now instead of at its timeout
+                self._pg.interrupt_configure(
+                    f"replica(s) {sorted(dead_members)} died: {notice.reason}"
+                )
+                return
         with self._pg_lock:
             quorum = self._quorum_future
             if quorum is None or not quorum.done():

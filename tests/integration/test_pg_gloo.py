@@ -268,3 +268,39 @@ def test_error_swallowing_over_gloo_survives_a_dead_peer() -> None:
         assert r["skipped"] is True and r["untouched"] == 9.0
         assert "RuntimeError" in str(r["error"])
         assert r["cleared"] == 2.0
+
+
+def _interrupted_configure(ctx: RankContext) -> dict[str, object]:
+    import threading
+
+    from torch.distributed import PrefixStore
+
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20))
+    out: dict[str, object] = {}
+    if ctx.rank < 2:  # rank 2 "died" after the quorum formed: it never configures
+
+        def interrupt_once_both_arrived() -> None:
+            PrefixStore("int/0", ctx.store).wait(["torchft_pg/present/0", "torchft_pg/present/1"])
+            pg.interrupt_configure("replica 2 died")
+
+        threading.Thread(target=interrupt_once_both_arrived, daemon=True).start()
+        start = time.monotonic()
+        try:
+            pg.configure(ctx.addr("int/0"), ctx.rank, 3)
+            out["error"] = "configured?"
+        except ProcessGroupAbortedError as e:
+            out["error"] = str(e)
+        out["failed_after"] = time.monotonic() - start
+        pg.configure(ctx.addr("int/1"), ctx.rank, 2)  # the next quorum, without rank 2
+        t = torch.ones(1)
+        pg.allreduce([t]).wait()
+        out["sum"] = t.item()
+        pg.shutdown()
+    return out
+
+
+def test_configure_with_a_dead_member_fails_at_once_when_interrupted() -> None:
+    for r in run_ranks(_interrupted_configure, 3, timeout=60)[:2]:
+        assert "configure interrupted: replica 2 died" in str(r["error"])
+        assert r["failed_after"] < 5.0  # not the 20 s PG timeout
+        assert r["sum"] == 2.0

@@ -315,6 +315,41 @@ def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> Non
     manager.shutdown()
 
 
+class BlockingConfigureGroup(SumGroup):
+    """configure() waits like a real rendezvous until interrupt_configure()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = threading.Event()
+        self.entered = threading.Event()
+
+    def configure(
+        self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
+    ) -> None:
+        self.entered.set()
+        if self.interrupted.wait(5.0):
+            raise RuntimeError("configure interrupted")
+        super().configure(store_addr, rank, world_size)
+
+    def interrupt_configure(self, reason: str) -> None:
+        self.interrupted.set()
+
+
+def test_failure_notice_interrupts_the_configure_of_that_quorum() -> None:
+    client = FakeClient([result(quorum_id=1, world=3)])
+    pg = BlockingConfigureGroup()
+    manager = Manager(
+        pg, client=client, checkpoint_transport=FakeTransport(), timeout=timedelta(seconds=5)
+    )
+    manager.start_quorum()
+    assert pg.entered.wait(5.0)
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    manager.wait_quorum()  # returns at once, not after the 5 s rendezvous
+    assert "interrupted" in str(manager.errored())
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
 def test_collective_timeout_is_reported_not_hung() -> None:
     client = FakeClient([result()])
     pg = SumGroup()

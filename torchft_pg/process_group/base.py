@@ -82,6 +82,9 @@ class ProcessGroup(BaseProcessGroup):
         """The error that made this group unusable, or None."""
         return None
 
+    def interrupt_configure(self, reason: str) -> None:
+        """Make a `configure` in progress fail now (a member is known dead); default: no-op."""
+
     def set_timeout(self, timeout: timedelta) -> None:
         """Set the timeout of future operations."""
         raise NotImplementedError("set_timeout")

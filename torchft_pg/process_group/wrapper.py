@@ -11,6 +11,8 @@ Timeout, abort and shutdown logic live here once.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -70,6 +72,8 @@ class ProcessGroupWrapper(ProcessGroup):
         self._configured = pg is not None
         self._closed: Exception | None = None  # set by abort()/shutdown()
         self._error: Exception | None = None
+        self._interrupted = threading.Event()  # set by interrupt_configure()
+        self._interrupt_reason = ""
 
     # -- hooks -------------------------------------------------------------------
     def _create_pg(self, store: Store, rank: int, world_size: int) -> Any:
@@ -78,7 +82,39 @@ class ProcessGroupWrapper(ProcessGroup):
 
     def _create_pg_at(self, store_addr: str, rank: int, world_size: int) -> Any:
         """Build the inner backend for the group at `store_addr` (default: via a store client)."""
-        return self._create_pg(create_store_client(store_addr, self._timeout), rank, world_size)
+        store = create_store_client(store_addr, self._timeout)
+        self._await_members(store, rank, world_size)
+        return self._create_pg(store, rank, world_size)
+
+    def _await_members(self, store: Store, rank: int, world_size: int) -> None:
+        """Wait until every member reached this configure, or `interrupt_configure` is called.
+
+        A backend's own rendezvous (Gloo's connectFullMesh) cannot be interrupted:
+        a member that died after the quorum formed would cost everyone the whole
+        timeout. Meeting first on the store, polled (0.1 ms doubling to 10 ms) between
+        checks of the interrupt flag, lets a known death fail configure at once.
+        """
+        store.set(f"torchft_pg/present/{rank}", "1")
+        keys = [f"torchft_pg/present/{r}" for r in range(world_size)]
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        poll_s = 0.0001  # doubling to 10 ms: peers usually arrive within a millisecond
+        while not store.check(keys):
+            if self._interrupted.wait(poll_s):
+                raise ProcessGroupAbortedError(f"configure interrupted: {self._interrupt_reason}")
+            if time.monotonic() > deadline:
+                missing = [r for r in range(world_size) if not store.check([keys[r]])]
+                raise ProcessGroupTimeoutError(
+                    f"members {missing} did not arrive within {self._timeout}"
+                )
+            poll_s = min(poll_s * 2, 0.01)
+
+    def interrupt_configure(self, reason: str) -> None:
+        """Make a `configure` in progress (or the next one) fail now: a member is known dead."""
+        if self._wrapped is not None:
+            self._wrapped.interrupt_configure(reason)
+            return
+        self._interrupt_reason = reason
+        self._interrupted.set()
 
     def _retire_backend(self, holder: list[Any]) -> None:
         """Dispose of the previous backend (``holder[0]``, its only reference) off-thread."""
@@ -115,6 +151,7 @@ class ProcessGroupWrapper(ProcessGroup):
         validate_configure_args(store_addr, rank, world_size)
         self._error = None
         self._closed = None
+        self._interrupted.clear()
         if self._wrapped is not None:
             self._wrapped.configure(store_addr, rank, world_size, replica_id=replica_id)
             self._pg = self._wrapped
@@ -126,6 +163,8 @@ class ProcessGroupWrapper(ProcessGroup):
             self._retire_backend(holder)
         try:
             self._pg = self._create_pg_at(store_addr, rank, world_size)
+        except ProcessGroupError:
+            raise  # ours already say what happened
         except Exception as e:
             kind = ProcessGroupTimeoutError if _is_timeout(e) else ProcessGroupError
             raise kind(
