@@ -42,8 +42,12 @@ def _like(template: DTensor, local: Any, where: str) -> DTensor:
             "do all replica groups use the same mesh and module?"
         )
     return DTensor.from_local(
-        local, template.device_mesh, template.placements, run_check=False,
-        shape=template.shape, stride=template.stride(),
+        local,
+        template.device_mesh,
+        template.placements,
+        run_check=False,
+        shape=template.shape,
+        stride=template.stride(),
     )
 
 
@@ -64,8 +68,11 @@ def _optimizer_state(optimizer: torch.optim.Optimizer, received: dict[str, Any])
         if isinstance(param, DTensor):
             local_shape = tuple(param.to_local().shape)
             for name, value in entry.items():
-                if (isinstance(value, torch.Tensor) and value.dim() > 0
-                        and tuple(value.shape) == local_shape):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dim() > 0
+                    and tuple(value.shape) == local_shape
+                ):
                     rebuilt[name] = _like(param, value, f"optimizer state {index}/{name!r}")
         state[index] = rebuilt
     return {**received, "state": state}

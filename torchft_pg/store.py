@@ -83,10 +83,6 @@ class _ClientCache:
             self._clients[key] = client
         return client
 
-    def clear(self) -> None:
-        with self._lock:
-            self._clients.clear()
-
 
 def _alive(client: TCPStore) -> bool:
     try:
@@ -111,8 +107,3 @@ def create_store_client(store_addr: str, timeout: timedelta = _DEFAULT_TIMEOUT) 
         raise ValueError(f"timeout must be positive, got {timeout}")
     client = _CACHE.get(addr.host, addr.port, timeout)
     return PrefixStore(addr.prefix, client)
-
-
-def clear_store_client_cache() -> None:
-    """Drop every cached TCPStore client (tests and shutdown paths)."""
-    _CACHE.clear()

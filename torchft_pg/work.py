@@ -10,7 +10,6 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import torch
 from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
@@ -110,14 +109,3 @@ class ErrorSwallowingWork(Work):
             self._work.synchronize()
         except Exception as e:
             self._report(e)
-
-
-def tensor_outputs(*groups: Any) -> list[torch.Tensor]:
-    """Flatten the output arguments of a collective into the list its future yields."""
-    out: list[torch.Tensor] = []
-    for g in groups:
-        if isinstance(g, torch.Tensor):
-            out.append(g)
-        elif isinstance(g, (list, tuple)):
-            out.extend(tensor_outputs(*g))
-    return out

@@ -31,9 +31,6 @@ class FaultPlan:
     faults: dict[tuple[int, int], Fault] = field(default_factory=dict)
     seed: int | None = None
 
-    def at(self, replica: int, step: int) -> Fault | None:
-        return self.faults.get((replica, step))
-
     def due(self, replica: int, step: int, fired: set[tuple[int, int]]) -> tuple[int, Fault] | None:
         """The earliest unfired fault of `replica` planned at or before `step`.
 
@@ -41,7 +38,9 @@ class FaultPlan:
         a restarted replica heals past the steps it missed, and its faults
         there must still fire, or the plan's fault count would depend on timing.
         """
-        planned = sorted(s for (r, s) in self.faults if r == replica and s <= step and (r, s) not in fired)
+        planned = sorted(
+            s for (r, s) in self.faults if r == replica and s <= step and (r, s) not in fired
+        )
         return (planned[0], self.faults[(replica, planned[0])]) if planned else None
 
     def count(self, kind: Fault) -> int:

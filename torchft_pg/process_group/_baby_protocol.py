@@ -19,7 +19,6 @@ import os
 import pickle
 import socket
 from collections import OrderedDict
-from datetime import timedelta
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -351,7 +350,3 @@ _NUMPY_DTYPES = frozenset(
 
 def inline_results(tensors: list[torch.Tensor]) -> list[bytes]:
     return [tensor_bytes(t) for t in tensors]
-
-
-def timeout_seconds(timeout: timedelta) -> float:
-    return timeout.total_seconds()
