@@ -53,6 +53,7 @@ class LighthouseCore:
         self.state = QuorumState(epoch)
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self.leaving: set[str] = set()  # announced a clean shutdown on their liveness stream
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
@@ -64,7 +65,9 @@ class LighthouseCore:
         rid = member.replica_id
         old = self.waiters.pop(rid, None)
         if old is not None and not old.done():
-            old.set_exception(SupersededError(f"a newer quorum request from {rid!r} replaced this one"))
+            old.set_exception(
+                SupersededError(f"a newer quorum request from {rid!r} replaced this one")
+            )
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiters[rid] = fut
         self.state.request(member, self.clock.now())
@@ -88,8 +91,13 @@ class LighthouseCore:
         self.streams.setdefault(replica_id, set()).add(queue)
         self.heartbeat(replica_id)
 
+    def replica_leaving(self, replica_id: str) -> None:
+        """``replica_id`` announced a clean shutdown: its stream closing is not a death."""
+        self.leaving.add(replica_id)
+
     def stream_closed(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
-        """The stream ended: with no other stream left, the replica is dead at once."""
+        """The stream ended: with no other stream left, the replica is dead at once,
+        or simply gone if it said it was leaving (no failure notice then)."""
         queues = self.streams.get(replica_id)
         if queues is None:
             return
@@ -97,6 +105,12 @@ class LighthouseCore:
         if queues:
             return
         del self.streams[replica_id]
+        if replica_id in self.leaving:
+            self.leaving.discard(replica_id)
+            if self.state.forget(replica_id):
+                log.info("replica %s left (clean shutdown)", replica_id)
+                self.evaluate()
+            return
         if self.state.forget(replica_id):
             self._declared_dead([replica_id], "liveness stream closed")
 
@@ -126,7 +140,11 @@ class LighthouseCore:
                         q.put_nowait(payload)
                 log.warning(
                     "replica(s) %s of quorum %s/%d died (%s); told %d survivor(s)",
-                    list(in_prev), self.epoch, prev.quorum_id, reason, told,
+                    list(in_prev),
+                    self.epoch,
+                    prev.quorum_id,
+                    reason,
+                    told,
                 )
         self.evaluate()
 
@@ -142,7 +160,11 @@ class LighthouseCore:
         else:
             self.evaluate()
         now = self.clock.now()
-        if self.decision.members is None and self.state.pending and now - self._last_wait_log >= 5.0:
+        if (
+            self.decision.members is None
+            and self.state.pending
+            and now - self._last_wait_log >= 5.0
+        ):
             self._last_wait_log = now
             log.info("still waiting: %s", self.decision.reason)
 
@@ -169,7 +191,10 @@ class LighthouseCore:
         if quorum.quorum_id != old_id:
             log.info(
                 "quorum %s/%d issued with %d member(s): %s",
-                self.epoch, quorum.quorum_id, len(d.members), d.reason,
+                self.epoch,
+                quorum.quorum_id,
+                len(d.members),
+                d.reason,
             )
 
     # -- status --------------------------------------------------------------------------

@@ -115,8 +115,12 @@ class ManagerServer:
         self._metadata: dict[int, str] = {}
         self._subscribers: set[asyncio.Queue[bytes]] = set()
         self._link = LighthouseLink(
-            replica_id, normalize_address(lighthouse_addr), self._hb_s, self._connect_s,
-            quorum_retries, self._relay,
+            replica_id,
+            normalize_address(lighthouse_addr),
+            self._hb_s,
+            self._connect_s,
+            quorum_retries,
+            self._relay,
         )
         self._stopped = False
         self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
@@ -159,18 +163,22 @@ class ManagerServer:
         """Epoch of the lighthouse our liveness stream is open to ("" before the first)."""
         return self._link.lighthouse_epoch
 
-    async def _stop(self) -> None:
+    async def _stop(self, leave: bool) -> None:
         for q in self._subscribers:
             q.put_nowait(b"")
         await self._server.stop(grace=0.2)
-        await self._link.close()
+        await self._link.close(leave=leave)
 
-    def shutdown(self) -> None:
-        """Stop serving and close the liveness stream (the lighthouse sees us leave). Idempotent."""
+    def shutdown(self, leave: bool = True) -> None:
+        """Stop serving and close the liveness stream. Idempotent.
+
+        ``leave``: tell the lighthouse this is a clean shutdown, so our peers get
+        no failure notice; False closes the stream as a crash would.
+        """
         if self._stopped:
             return
         self._stopped = True
-        run_sync(self._stop(), timeout_s=10)
+        run_sync(self._stop(leave), timeout_s=10)
 
     def __enter__(self) -> ManagerServer:
         return self
@@ -182,7 +190,11 @@ class ManagerServer:
     def _relay(self, notice: FailureNotice) -> None:
         log.warning(
             "%s: lighthouse reports %s of quorum %s/%d dead (%s)",
-            self.replica_id, list(notice.dead_replica_ids), notice.epoch, notice.quorum_id, notice.reason,
+            self.replica_id,
+            list(notice.dead_replica_ids),
+            notice.epoch,
+            notice.quorum_id,
+            notice.reason,
         )
         payload = wire.encode_failure_notice(notice)
         for q in self._subscribers:
@@ -196,7 +208,9 @@ class ManagerServer:
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self._subscribers.add(queue)
         try:
-            await context.write(wire.encode_failure_notice(FailureNotice(self.lighthouse_epoch, 0, ())))
+            await context.write(
+                wire.encode_failure_notice(FailureNotice(self.lighthouse_epoch, 0, ()))
+            )
             while True:
                 payload = await queue.get()
                 if not payload:
@@ -296,9 +310,12 @@ class ManagerServer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
         if v is not None and step > v.step:
             assert v.future is not None
-            v.future.set_exception(QuorumRejectedError(
-                f"the vote for step {v.step} was abandoned: group rank {rank} moved on to step "
-                f"{step} before ranks {sorted(set(range(self.world_size)) - set(v.votes))} voted"))
+            v.future.set_exception(
+                QuorumRejectedError(
+                    f"the vote for step {v.step} was abandoned: group rank {rank} moved on to step "
+                    f"{step} before ranks {sorted(set(range(self.world_size)) - set(v.votes))} voted"
+                )
+            )
             v = None
         if v is None:
             v = self._vote = _Vote(step, future=asyncio.get_running_loop().create_future())
@@ -309,7 +326,9 @@ class ManagerServer:
             self._vote = None
             no = sorted(r for r, ok in v.votes.items() if not ok)
             if no:
-                log.info("%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no)
+                log.info(
+                    "%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no
+                )
             fut.set_result(not no)
         try:
             decision = await asyncio.shield(fut)
@@ -321,7 +340,9 @@ class ManagerServer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
         return wire.encode_should_commit_response(decision)
 
-    async def _checkpoint_metadata(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _checkpoint_metadata(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
         try:
             rank = wire.decode_checkpoint_metadata_request(request)
         except ValueError as exc:

@@ -122,12 +122,19 @@ class LighthouseServer:
         self._port = run_sync(self._start(bind, max(1000, heartbeat_timeout_ms)), timeout_s=30)
         self._host = advertised_host(bind_host, hostname)
         if http_bind is not None:
-            self._http = StatusHTTPServer(split_host_port(http_bind, "http_bind"), self.status, self.metrics)
+            self._http = StatusHTTPServer(
+                split_host_port(http_bind, "http_bind"), self.status, self.metrics
+            )
         log.info(
             "lighthouse epoch %s serving on %s (min_replicas=%d, join_timeout_ms=%d, "
             "quorum_tick_ms=%d, heartbeat_timeout_ms=%d)%s",
-            self.epoch, self.address(), min_replicas, join_timeout_ms, quorum_tick_ms,
-            heartbeat_timeout_ms, f", status on {self.http_address()}" if self._http else "",
+            self.epoch,
+            self.address(),
+            min_replicas,
+            join_timeout_ms,
+            quorum_tick_ms,
+            heartbeat_timeout_ms,
+            f", status on {self.http_address()}" if self._http else "",
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -204,7 +211,9 @@ class LighthouseServer:
         return run_sync(snap(), timeout_s=5)
 
     # -- handlers (event loop) -----------------------------------------------------------
-    async def _answer_quorum(self, rpc: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _answer_quorum(
+        self, rpc: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
         """Validate one quorum request and wait for its quorum (shared by both RPCs).
 
         A cancelled wait (deadline, client gone) withdraws the request.
@@ -251,7 +260,7 @@ class LighthouseServer:
             return
         try:
             assert isinstance(first, bytes)
-            rid = validate.check_replica_id(wire.decode_liveness_ping(first))
+            rid = validate.check_replica_id(wire.decode_liveness_ping(first)[0])
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
         queue: asyncio.Queue[bytes] = asyncio.Queue()
@@ -286,8 +295,12 @@ class LighthouseServer:
             if msg is grpc.aio.EOF:
                 return
             assert isinstance(msg, bytes)
-            got = wire.decode_liveness_ping(msg)
+            got, leaving = wire.decode_liveness_ping(msg)
             if got and got != rid:
-                raise ValueError(f"replica_id must stay {rid!r} on one liveness stream, got {got!r}")
+                raise ValueError(
+                    f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
+                )
+            if leaving:
+                self.core.replica_leaving(rid)
+                return  # ends the stream; stream_closed() forgets it quietly
             self.core.heartbeat(rid)
-

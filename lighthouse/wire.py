@@ -118,14 +118,15 @@ def decode_heartbeat_response(data: bytes) -> str:
     return resp.epoch
 
 
-def encode_liveness_ping(replica_id: str) -> bytes:
-    return pb.LivenessPing(replica_id=replica_id).SerializeToString()
+def encode_liveness_ping(replica_id: str, leaving: bool = False) -> bytes:
+    return pb.LivenessPing(replica_id=replica_id, leaving=leaving).SerializeToString()
 
 
-def decode_liveness_ping(data: bytes) -> str:
+def decode_liveness_ping(data: bytes) -> tuple[str, bool]:
+    """(replica id, leaving): leaving means a clean shutdown, not a death."""
     ping = _parse(pb.LivenessPing, data)
     assert isinstance(ping, pb.LivenessPing)
-    return ping.replica_id
+    return ping.replica_id, ping.leaving
 
 
 def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:

@@ -65,10 +65,12 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, epoch: _Optional[str] = ...) -> None: ...
 
 class LivenessPing(_message.Message):
-    __slots__ = ("replica_id",)
+    __slots__ = ("replica_id", "leaving")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    LEAVING_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
-    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+    leaving: bool
+    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
 
 class FailureNotice(_message.Message):
     __slots__ = ("epoch", "quorum_id", "dead_replica_ids", "reason", "detected_unix_ms")

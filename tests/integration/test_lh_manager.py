@@ -26,12 +26,20 @@ T = timedelta(seconds=10)
 
 
 @contextmanager
-def managers(lh: LighthouseServer, n: int, world_size: int, **kw: Any) -> Iterator[list[ManagerServer]]:
+def managers(
+    lh: LighthouseServer, n: int, world_size: int, **kw: Any
+) -> Iterator[list[ManagerServer]]:
     with ExitStack() as stack:
         servers = []
         for i in range(n):
-            ms = ManagerServer(f"rep{i}", lh.address(), bind="127.0.0.1:0",
-                               store_addr=f"127.0.0.1:{4000 + i}", world_size=world_size, **kw)
+            ms = ManagerServer(
+                f"rep{i}",
+                lh.address(),
+                bind="127.0.0.1:0",
+                store_addr=f"127.0.0.1:{4000 + i}",
+                world_size=world_size,
+                **kw,
+            )
             stack.callback(ms.shutdown)
             servers.append(ms)
         yield servers
@@ -58,8 +66,13 @@ def in_threads(fns: list[Callable[[], Any]]) -> list[Any]:
 def test_local_ranks_gathered_into_one_lighthouse_call_each_gets_its_result() -> None:
     with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=2) as ms:
         calls = [
-            (lambda i=i, g=g: ManagerClient(ms[i].address()).quorum(g, 5 * i, f"meta{i}{g}", False, T))
-            for i in range(2) for g in range(2)
+            (
+                lambda i=i, g=g: ManagerClient(ms[i].address()).quorum(
+                    g, 5 * i, f"meta{i}{g}", False, T
+                )
+            )
+            for i in range(2)
+            for g in range(2)
         ]
         r00, r01, r10, _r11 = in_threads(calls)
         assert lh.status()["quorums_issued"] == 1  # one lighthouse request per group
@@ -78,7 +91,9 @@ def test_local_ranks_gathered_into_one_lighthouse_call_each_gets_its_result() ->
 def test_local_ranks_that_disagree_on_the_step_are_all_rejected() -> None:
     with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
         c = ManagerClient(ms.address())
-        out = in_threads([lambda: c.quorum(0, 1, "", False, T), lambda: c.quorum(1, 2, "", False, T)])
+        out = in_threads(
+            [lambda: c.quorum(0, 1, "", False, T), lambda: c.quorum(1, 2, "", False, T)]
+        )
         for exc in out:
             assert isinstance(exc, QuorumRejectedError)
             assert "reported different steps" in str(exc) and "{0: 1, 1: 2}" in str(exc)
@@ -94,12 +109,16 @@ def test_out_of_range_group_rank_is_refused() -> None:
 
 
 def test_a_failed_lighthouse_call_reaches_every_waiting_rank_at_once() -> None:
-    with lighthouse() as lh, managers(lh, 1, world_size=2,
-                                      connect_timeout=timedelta(milliseconds=500)) as (ms,):
+    with (
+        lighthouse() as lh,
+        managers(lh, 1, world_size=2, connect_timeout=timedelta(milliseconds=500)) as (ms,),
+    ):
         lh.shutdown()
         c = ManagerClient(ms.address())
         start = time.monotonic()
-        out = in_threads([lambda g=g: c.quorum(g, 0, "", False, timedelta(seconds=30)) for g in range(2)])
+        out = in_threads(
+            [lambda g=g: c.quorum(g, 0, "", False, timedelta(seconds=30)) for g in range(2)]
+        )
         assert time.monotonic() - start < 15  # far before the 30 s deadline
         for exc in out:
             assert isinstance(exc, LighthouseUnavailableError), exc
@@ -109,10 +128,12 @@ def test_a_failed_lighthouse_call_reaches_every_waiting_rank_at_once() -> None:
 def test_commit_vote_is_the_and_of_local_votes_and_stale_votes_are_refused() -> None:
     with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
         c = ManagerClient(ms.address())
-        assert in_threads([lambda: c.should_commit(0, 0, True, T),
-                           lambda: c.should_commit(1, 0, False, T)]) == [False, False]
-        assert in_threads([lambda: c.should_commit(0, 0, True, T),
-                           lambda: c.should_commit(1, 0, True, T)]) == [True, True]
+        assert in_threads(
+            [lambda: c.should_commit(0, 0, True, T), lambda: c.should_commit(1, 0, False, T)]
+        ) == [False, False]
+        assert in_threads(
+            [lambda: c.should_commit(0, 0, True, T), lambda: c.should_commit(1, 0, True, T)]
+        ) == [True, True]
         in_threads([lambda g=g: c.quorum(g, 5, "", False, T) for g in range(2)])
         with pytest.raises(QuorumRejectedError, match="stale vote: group rank 0 voted for step 3"):
             c.should_commit(0, 3, True, T)
@@ -120,7 +141,10 @@ def test_commit_vote_is_the_and_of_local_votes_and_stale_votes_are_refused() -> 
 
 def test_kill_runs_the_kill_hook() -> None:
     killed = threading.Event()
-    with lighthouse() as lh, managers(lh, 1, world_size=1, on_kill=lambda msg: killed.set()) as (ms,):
+    with (
+        lighthouse() as lh,
+        managers(lh, 1, world_size=1, on_kill=lambda msg: killed.set()) as (ms,),
+    ):
         ManagerClient(ms.address()).kill("from a test")
         assert killed.wait(5)
 
@@ -135,7 +159,7 @@ def test_survivors_subscribers_hear_of_a_dead_member_and_next_quorum_excludes_it
             assert sub.wait_ready(T)
             first = in_threads([lambda c=c: c.quorum(0, 1, "", False, T) for c in clients])
             assert first[0].replica_world_size == 3
-            ms[2].shutdown()
+            ms[2].shutdown(leave=False)  # closes its stream as a crash would
             assert heard.wait(5)
             assert got[0].dead_replica_ids == ("rep2",)
             assert (got[0].epoch, got[0].quorum_id) == (lh.epoch, first[0].quorum_id)
@@ -146,13 +170,30 @@ def test_survivors_subscribers_hear_of_a_dead_member_and_next_quorum_excludes_it
             sub.cancel()
 
 
+def test_a_clean_shutdown_is_a_leave_not_a_death() -> None:
+    with (
+        lighthouse(min_replicas=1, join_timeout_ms=30_000) as lh,
+        managers(lh, 3, world_size=1) as ms,
+    ):
+        clients = [ManagerClient(m.address()) for m in ms]
+        first = in_threads([lambda c=c: c.quorum(0, 1, "", False, T) for c in clients])
+        assert first[0].replica_world_size == 3
+        ms[2].shutdown()  # leave=True by default
+        start = time.monotonic()
+        second = in_threads([lambda c=c: c.quorum(0, 2, "", False, T) for c in clients[:2]])
+        assert second[0].replica_ids == ["rep0", "rep1"]
+        assert time.monotonic() - start < 10  # it was forgotten, not waited for (join timeout 30 s)
+        assert lh.status()["recent_deaths"] == []  # and nobody was told it died
+
+
 def test_manager_server_survives_a_lighthouse_restart() -> None:
     lh1 = LighthouseServer(bind="127.0.0.1:0")
     bind = lh1.address()
     with ExitStack() as stack:
         stack.callback(lh1.shutdown)
-        ms = ManagerServer("rep0", bind, bind="127.0.0.1:0", world_size=1,
-                           connect_timeout=timedelta(seconds=5))
+        ms = ManagerServer(
+            "rep0", bind, bind="127.0.0.1:0", world_size=1, connect_timeout=timedelta(seconds=5)
+        )
         stack.callback(ms.shutdown)
         c = ManagerClient(ms.address())
         r1 = c.quorum(0, 1, "", False, T)
@@ -193,13 +234,18 @@ def test_fuzzed_manager_requests_never_stop_the_server() -> None:
                 methods[rng.choice(names)](payload, timeout=0.05)
             except grpc.RpcError as exc:
                 assert exc.code() in (
-                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED,
-                    grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.FAILED_PRECONDITION,
                 ), exc
         c = ManagerClient(ms.address())
         out = in_threads([lambda g=g: c.quorum(g, 1, "", False, T) for g in range(2)])
         assert [r.replica_rank for r in out] == [0, 0], out
-        assert in_threads([lambda g=g: c.should_commit(g, 1, True, T) for g in range(2)]) == [True, True]
+        assert in_threads([lambda g=g: c.should_commit(g, 1, True, T) for g in range(2)]) == [
+            True,
+            True,
+        ]
 
 
 def test_subscription_reports_when_its_manager_server_goes_away() -> None:

@@ -11,7 +11,10 @@ MEMBER = QuorumMember("r:1", "h:1", "s:2", 4, 2, True, '{"k": 1}', 3, 12.5)
 
 
 def test_member_and_quorum_round_trip() -> None:
-    assert wire.decode_lighthouse_quorum_request(wire.encode_lighthouse_quorum_request(MEMBER)) == MEMBER
+    assert (
+        wire.decode_lighthouse_quorum_request(wire.encode_lighthouse_quorum_request(MEMBER))
+        == MEMBER
+    )
     q = Quorum(9, "abc", (MEMBER, QuorumMember("r:2")), 1234)
     data = wire.encode_lighthouse_quorum_response(q)
     assert wire.decode_lighthouse_quorum_response(data) == q
@@ -21,11 +24,20 @@ def test_member_and_quorum_round_trip() -> None:
 @pytest.mark.parametrize("optional", [None, 0, 3])
 def test_quorum_result_round_trip_keeps_optional_none(optional: int | None) -> None:
     r = QuorumResult(
-        quorum_id=2, epoch="e", replica_rank=1, replica_world_size=3,
-        recover_src_manager_address="m:1", recover_src_replica_rank=optional,
-        recover_dst_replica_ranks=[0, 2], store_address="s:1", max_step=5,
-        max_replica_rank=optional, max_world_size=2, heal=optional is not None,
-        commit_failures=1, replica_ids=["a", "b", "c"],
+        quorum_id=2,
+        epoch="e",
+        replica_rank=1,
+        replica_world_size=3,
+        recover_src_manager_address="m:1",
+        recover_src_replica_rank=optional,
+        recover_dst_replica_ranks=[0, 2],
+        store_address="s:1",
+        max_step=5,
+        max_replica_rank=optional,
+        max_world_size=2,
+        heal=optional is not None,
+        commit_failures=1,
+        replica_ids=["a", "b", "c"],
     )
     assert wire.decode_quorum_result(wire.encode_quorum_result(r)) == r
 
@@ -35,20 +47,35 @@ def test_small_messages_round_trip() -> None:
     assert wire.decode_failure_notice(wire.encode_failure_notice(n)) == n
     assert wire.decode_liveness_event(wire.encode_liveness_event("e", n)) == ("e", n)
     assert wire.decode_liveness_event(wire.encode_liveness_event("e")) == ("e", None)
-    assert wire.decode_liveness_ping(wire.encode_liveness_ping("x")) == "x"
+    assert wire.decode_liveness_ping(wire.encode_liveness_ping("x")) == ("x", False)
+    assert wire.decode_liveness_ping(wire.encode_liveness_ping("x", leaving=True)) == ("x", True)
     assert wire.decode_heartbeat_request(wire.encode_heartbeat_request("x")) == "x"
     assert wire.decode_heartbeat_response(wire.encode_heartbeat_response("e")) == "e"
-    assert wire.decode_should_commit_request(wire.encode_should_commit_request(1, 5, True)) == (1, 5, True)
+    assert wire.decode_should_commit_request(wire.encode_should_commit_request(1, 5, True)) == (
+        1,
+        5,
+        True,
+    )
     assert wire.decode_should_commit_response(wire.encode_should_commit_response(False)) is False
     assert wire.decode_checkpoint_metadata_request(wire.encode_checkpoint_metadata_request(3)) == 3
-    assert wire.decode_checkpoint_metadata_response(wire.encode_checkpoint_metadata_response("u")) == "u"
+    assert (
+        wire.decode_checkpoint_metadata_response(wire.encode_checkpoint_metadata_response("u"))
+        == "u"
+    )
     assert wire.decode_kill_request(wire.encode_kill_request("bye")) == "bye"
     assert wire.decode_watch_failures_request(wire.encode_watch_failures_request(2)) == 2
     req = wire.decode_manager_quorum_request(
         wire.encode_manager_quorum_request(1, 5, "meta", True, False, 2, 3.5)
     )
-    assert req == {"group_rank": 1, "step": 5, "checkpoint_metadata": "meta", "shrink_only": True,
-                   "init_sync": False, "commit_failures": 2, "step_time_ms": 3.5}
+    assert req == {
+        "group_rank": 1,
+        "step": 5,
+        "checkpoint_metadata": "meta",
+        "shrink_only": True,
+        "init_sync": False,
+        "commit_failures": 2,
+        "step_time_ms": 3.5,
+    }
 
 
 def test_malformed_bytes_name_the_message() -> None:
@@ -66,7 +93,10 @@ def test_malformed_bytes_name_the_message() -> None:
         (QuorumMember("x" * 300), "replica_id must be at most 256 characters, got 300"),
         (QuorumMember("a", step=-1), "step must be >= 0, got -1"),
         (QuorumMember("a", commit_failures=-2), "commit_failures must be >= 0, got -2"),
-        (QuorumMember("a", address="h:1", world_size=0), "world_size must be >= 1 for a replica group"),
+        (
+            QuorumMember("a", address="h:1", world_size=0),
+            "world_size must be >= 1 for a replica group",
+        ),
         (QuorumMember("a", data="{nope"), "data must be JSON text"),
         (QuorumMember("a", data='"' + "x" * 70000 + '"'), "data must be at most 65536 bytes"),
         (QuorumMember("a", step_time_ms=float("nan")), "step_time_ms must be a finite number"),

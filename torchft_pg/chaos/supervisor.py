@@ -319,7 +319,10 @@ class _Run:
                 return
 
     def finish(self) -> ChaosReport:
+        grace = time.time() + (5.0 if not self.report.failures else 0.0)
         for r in self.ranks:
+            if r.done:  # finished ranks shut down cleanly (their replica leaves the lighthouse)
+                r.proc.join(timeout=max(0.0, grace - time.time()))
             if r.proc.is_alive() and r.proc.pid is not None:
                 os.kill(r.proc.pid, signal.SIGKILL)
             r.proc.join(timeout=10)
