@@ -54,6 +54,7 @@ class LighthouseCore:
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         self.leaving: set[str] = set()  # announced a clean shutdown on their liveness stream
+        self._last_imbalance_log = float("-inf")
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
@@ -168,6 +169,26 @@ class LighthouseCore:
             self._last_wait_log = now
             log.info("still waiting: %s", self.decision.reason)
 
+    def _log_step_times(self, quorum: Any, now: float) -> None:
+        """The per-step report in the log: a warning (at most every 10 s) when the slowest
+        replica's last step took IMBALANCE_WARN_RATIO x the median, else every 100 quorums."""
+        report = step_time_report(
+            [(m.step_time_ms, m.replica_id) for m in quorum.participants if m.step_time_ms > 0]
+        )
+        if report is None:
+            return
+        ratio = report["slowest_over_median"] or 0.0
+        line = (
+            f"step times in quorum {quorum.epoch}/{quorum.quorum_id}: median "
+            f"{report['median_step_time_ms']:.1f} ms, slowest {report['slowest_replica_id']} "
+            f"{report['slowest_step_time_ms']:.1f} ms ({ratio:.2f}x)"
+        )
+        if ratio >= IMBALANCE_WARN_RATIO and now - self._last_imbalance_log >= 10.0:
+            self._last_imbalance_log = now
+            log.warning("load imbalance: %s", line)
+        elif self.quorums_issued % 100 == 0:
+            log.info("%s", line)
+
     def evaluate(self) -> None:
         """Run the rules once; issue and deliver a quorum if they say so."""
         now = self.clock.now()
@@ -181,6 +202,7 @@ class LighthouseCore:
         old_id = self.state.quorum_id
         quorum = self.state.issue(d.members, now, _unix_ms())
         self.quorums_issued += 1
+        self._log_step_times(quorum, now)
         payload = wire.encode_lighthouse_quorum_response(quorum)
         for m in d.members:
             fut = self.waiters.pop(m.replica_id, None)
@@ -218,16 +240,7 @@ class LighthouseCore:
                     d["step_time_ms"] = latest.step_time_ms
                     step_times.append((latest.step_time_ms, m.replica_id))
                 members.append(d)
-        step_report: dict[str, Any] | None = None
-        if step_times:
-            median = statistics.median(t for t, _ in step_times)
-            slow_t, slow_id = max(step_times)
-            step_report = {
-                "median_step_time_ms": median,
-                "slowest_replica_id": slow_id,
-                "slowest_step_time_ms": slow_t,
-                "slowest_over_median": round(slow_t / median, 3) if median > 0 else None,
-            }
+        step_report = step_time_report(step_times)
         live = [
             {
                 "replica_id": rid,
@@ -263,3 +276,20 @@ class LighthouseCore:
             "step_report": step_report,
             "config": asdict(self.config),
         }
+
+
+IMBALANCE_WARN_RATIO = 1.5  # slowest step time over the median that is worth a warning
+
+
+def step_time_report(step_times: list[tuple[float, str]]) -> dict[str, Any] | None:
+    """Median and slowest of (step time ms, replica id) pairs; None without data."""
+    if not step_times:
+        return None
+    median = statistics.median(t for t, _ in step_times)
+    slow_t, slow_id = max(step_times)
+    return {
+        "median_step_time_ms": median,
+        "slowest_replica_id": slow_id,
+        "slowest_step_time_ms": slow_t,
+        "slowest_over_median": round(slow_t / median, 3) if median > 0 else None,
+    }

@@ -95,3 +95,16 @@ def test_snapshot_reports_step_times_slowest_vs_median() -> None:
         assert report["slowest_over_median"] == pytest.approx(300 / 110, rel=1e-3)
 
     run(body())
+
+
+def test_step_time_report_names_the_slowest_replica_and_the_imbalance() -> None:
+    from lighthouse.core import step_time_report
+
+    assert step_time_report([]) is None
+    report = step_time_report([(100.0, "a"), (110.0, "b"), (300.0, "c")])
+    assert report == {
+        "median_step_time_ms": 110.0,
+        "slowest_replica_id": "c",
+        "slowest_step_time_ms": 300.0,
+        "slowest_over_median": 2.727,
+    }
