@@ -69,7 +69,6 @@ class ProcessGroupWrapper(ProcessGroup):
         self._pg: Any = pg  # what collectives run on now
         self._rank = 0
         self._world_size = 1
-        self._configured = pg is not None
         self._closed: Exception | None = None  # set by abort()/shutdown()
         self._error: Exception | None = None
         self._interrupted = threading.Event()  # set by interrupt_configure()
@@ -155,7 +154,6 @@ class ProcessGroupWrapper(ProcessGroup):
         if self._wrapped is not None:
             self._wrapped.configure(store_addr, rank, world_size, replica_id=replica_id)
             self._pg = self._wrapped
-            self._configured = True
             self._publish_ranks(world_size)
             return
         if self._pg is not None:
@@ -172,7 +170,6 @@ class ProcessGroupWrapper(ProcessGroup):
                 f"world_size={world_size}) failed within {self._timeout}: {e}"
             ) from e
         self._rank, self._world_size = rank, world_size
-        self._configured = True
         self._publish_ranks(world_size)
 
     def _abort_backend(self, pg: Any) -> None:
