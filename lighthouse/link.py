@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -28,6 +28,7 @@ from lighthouse.errors import (
 from lighthouse.types import FailureNotice, Quorum, QuorumMember
 
 log = logging.getLogger("lighthouse.manager")
+T = TypeVar("T")
 
 
 class LighthouseLink:
@@ -217,8 +218,7 @@ class LighthouseLink:
                 self._qcall = self._lh_quorum_stream()
             call = self._qcall
             try:
-                await asyncio.wait_for(call.write(payload), timeout_s)
-                reply = await asyncio.wait_for(call.read(), timeout_s)
+                reply = await _within(_exchange(call, payload), timeout_s)
                 if reply is grpc.aio.EOF:
                     raise ConnectionError("the lighthouse ended the quorum stream")
                 assert isinstance(reply, bytes)
@@ -235,3 +235,21 @@ class LighthouseLink:
             call.cancel()
             self._qcall = None
             return None, code, details
+
+
+async def _exchange(call: Any, payload: bytes) -> Any:
+    await call.write(payload)
+    return await call.read()
+
+
+async def _within(coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """``coro`` bounded by ``timeout_s`` seconds (asyncio.TimeoutError after).
+
+    ``asyncio.timeout`` where there is one (3.11+): it runs ``coro`` in the
+    caller's task, where ``wait_for`` would start a task per call.
+    """
+    timeout = getattr(asyncio, "timeout", None)
+    if timeout is None:
+        return await asyncio.wait_for(coro, timeout_s)
+    async with timeout(timeout_s):
+        return await coro
