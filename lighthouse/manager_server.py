@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 from collections.abc import Callable
@@ -22,16 +23,17 @@ from typing import Any
 import grpc
 
 from lighthouse import validate, wire
-from lighthouse._loop import run_sync
+from lighthouse._loop import background_loop, run_sync
 from lighthouse.client import normalize_address
 from lighthouse.errors import (
     FaultToleranceError,
     QuorumRejectedError,
+    QuorumTimeoutError,
 )
 from lighthouse.link import LighthouseLink
 from lighthouse.ranks import compute_quorum_result
 from lighthouse.server import advertised_host, grpc_server_options, join_host_port, split_host_port
-from lighthouse.types import FailureNotice, Quorum, QuorumMember
+from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
 
 log = logging.getLogger("lighthouse.manager")
 
@@ -114,6 +116,8 @@ class ManagerServer:
         self._last_quorum_step = -1
         self._metadata: dict[int, str] = {}
         self._subscribers: set[asyncio.Queue[bytes]] = set()
+        # in-process subscribers; replaced, never mutated, so any thread may add
+        self._local_watchers: frozenset[Callable[[FailureNotice], None]] = frozenset()
         self._link = LighthouseLink(
             replica_id,
             normalize_address(lighthouse_addr),
@@ -123,6 +127,7 @@ class ManagerServer:
             self._relay,
         )
         self._stopped = False
+        self._loop = background_loop()
         self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -196,9 +201,19 @@ class ManagerServer:
             notice.quorum_id,
             notice.reason,
         )
+        for watch in self._local_watchers:
+            watch(notice)
         payload = wire.encode_failure_notice(notice)
         for q in self._subscribers:
             q.put_nowait(payload)
+
+    def add_local_watcher(self, watch: Callable[[FailureNotice], None]) -> None:
+        """Call ``watch(notice)`` on the server's loop for every failure notice.
+        It must not block (hand the notice to another thread). Any thread."""
+        self._local_watchers = self._local_watchers | {watch}
+
+    def remove_local_watcher(self, watch: Callable[[FailureNotice], None]) -> None:
+        self._local_watchers = self._local_watchers - {watch}
 
     async def _watch_failures(self, request: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -220,28 +235,29 @@ class ManagerServer:
             self._subscribers.discard(queue)
 
     # -- quorum --------------------------------------------------------------------------
-    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    def _check_quorum_request(self, req: dict[str, Any]) -> int:
+        """Validate one rank's quorum request; return its group rank (ValueError if bad)."""
+        rank = validate.check_group_rank(int(req["group_rank"]), self.world_size)
+        validate.check_step("step", int(req["step"]))
+        validate.check_step("commit_failures", int(req["commit_failures"]))
+        if len(str(req["checkpoint_metadata"])) > validate.MAX_METADATA_BYTES:
+            raise ValueError(
+                f"checkpoint_metadata must be at most {validate.MAX_METADATA_BYTES} bytes"
+            )
+        return rank
+
+    def _enter_gather(
+        self, rank: int, req: dict[str, Any], timeout_s: float
+    ) -> tuple[_Gather, asyncio.Future[Quorum]]:
+        """Add ``rank``'s request to this round; the last rank to arrive launches the
+        single lighthouse call. Returns the round and the future of its quorum."""
         loop = asyncio.get_running_loop()
-        try:
-            req = wire.decode_manager_quorum_request(request)
-            rank = validate.check_group_rank(int(req["group_rank"]), self.world_size)  # type: ignore[call-overload]
-            validate.check_step("step", int(req["step"]))  # type: ignore[call-overload]
-            validate.check_step("commit_failures", int(req["commit_failures"]))  # type: ignore[call-overload]
-            if len(str(req["checkpoint_metadata"])) > validate.MAX_METADATA_BYTES:
-                raise ValueError(
-                    f"checkpoint_metadata must be at most {validate.MAX_METADATA_BYTES} bytes"
-                )
-            remaining = context.time_remaining()
-            if remaining is None:
-                raise ValueError("ManagerService.Quorum needs a deadline (grpc timeout), got none")
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
         self._metadata[rank] = str(req["checkpoint_metadata"])
         g = self._gather
         if g.future is None:
             g.future = loop.create_future()
         g.requests[rank] = req
-        g.deadlines[rank] = loop.time() + remaining
+        g.deadlines[rank] = loop.time() + timeout_s
         fut = g.future
         if len(g.requests) == self.world_size:
             self._gather = _Gather()
@@ -256,12 +272,29 @@ class ManagerServer:
                 )
             else:
                 g.task = loop.create_task(self._lighthouse_quorum(g, fut))
+        return g, fut
+
+    @staticmethod
+    def _leave_gather(g: _Gather, rank: int, req: dict[str, Any]) -> None:
+        """``rank`` gave up (deadline, cancelled) before its round was launched."""
+        if not g.launched and g.requests.get(rank) is req:
+            del g.requests[rank]
+            g.deadlines.pop(rank, None)
+
+    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            req = wire.decode_manager_quorum_request(request)
+            rank = self._check_quorum_request(req)
+            remaining = context.time_remaining()
+            if remaining is None:
+                raise ValueError("ManagerService.Quorum needs a deadline (grpc timeout), got none")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
+        g, fut = self._enter_gather(rank, req, remaining)
         try:
             quorum = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            if not g.launched and g.requests.get(rank) is req:
-                del g.requests[rank]
-                g.deadlines.pop(rank, None)
+            self._leave_gather(g, rank, req)
             raise
         except QuorumRejectedError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Quorum: {exc}")
@@ -269,6 +302,73 @@ class ManagerServer:
             await context.abort(grpc.StatusCode.ABORTED, f"{type(exc).__name__}: {exc}")
         result = compute_quorum_result(quorum, self.replica_id, rank, bool(req["init_sync"]))
         return wire.encode_quorum_result(result)
+
+    def quorum_local(
+        self, req: dict[str, Any], timeout_s: float
+    ) -> concurrent.futures.Future[QuorumResult]:
+        """The ``Quorum`` RPC for a rank in this process, callable from any thread.
+
+        ``req`` has the fields of a ``ManagerQuorumRequest``. No gRPC, no encoding
+        and no extra thread: the round is joined by one callback on the server's
+        loop and the result is set from there. Errors are the RPC's exception
+        types; the future fails with ``QuorumTimeoutError`` after ``timeout_s`` seconds.
+        """
+        out: concurrent.futures.Future[QuorumResult] = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._join_local, req, timeout_s, out)
+        return out
+
+    def _join_local(
+        self, req: dict[str, Any], timeout_s: float, out: concurrent.futures.Future[QuorumResult]
+    ) -> None:
+        try:
+            rank = self._check_quorum_request(req)
+        except ValueError as exc:
+            out.set_exception(QuorumRejectedError(f"Quorum: {exc}"))
+            return
+        g, fut = self._enter_gather(rank, req, timeout_s)
+        init_sync = bool(req["init_sync"])
+        self._complete_local(
+            fut,
+            out,
+            timeout_s,
+            f"quorum of group rank {rank} on replica {self.replica_id!r}",
+            lambda: self._leave_gather(g, rank, req),
+            lambda quorum: compute_quorum_result(quorum, self.replica_id, rank, init_sync),
+        )
+
+    def _complete_local(
+        self,
+        fut: asyncio.Future[Any],
+        out: concurrent.futures.Future[Any],
+        timeout_s: float,
+        what: str,
+        give_up: Callable[[], None],
+        convert: Callable[[Any], Any],
+    ) -> None:
+        """Copy ``fut``'s outcome (through ``convert``) into ``out``, or fail ``out``
+        with ``QuorumTimeoutError`` after ``timeout_s`` seconds, calling ``give_up``."""
+
+        def expire() -> None:
+            if not fut.done() and not out.done():
+                give_up()
+                out.set_exception(QuorumTimeoutError(f"{what}: no answer within {timeout_s:.3f} s"))
+
+        timer = self._loop.call_later(timeout_s, expire)
+
+        def finish(f: asyncio.Future[Any]) -> None:
+            timer.cancel()
+            exc = f.exception()  # retrieved even when nobody waits any more
+            if out.done():
+                return
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            try:
+                out.set_result(convert(f.result()))
+            except Exception as e:
+                out.set_exception(e)
+
+        fut.add_done_callback(finish)
 
     async def _lighthouse_quorum(self, g: _Gather, fut: asyncio.Future[Quorum]) -> None:
         reqs = list(g.requests.values())
@@ -290,24 +390,25 @@ class ManagerServer:
             fut.set_exception(exc)
 
     # -- commit vote, metadata, kill -------------------------------------------------------
-    async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        try:
-            rank, step, vote = wire.decode_should_commit_request(request)
-            validate.check_group_rank(rank, self.world_size)
-            validate.check_step("step", step)
-            if step < self._last_quorum_step:
-                raise ValueError(
-                    f"stale vote: group rank {rank} voted for step {step} but replica "
-                    f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
-                )
-            v = self._vote
-            if v is not None and step < v.step:
-                raise ValueError(
-                    f"stale vote: group rank {rank} voted for step {step} while the open vote is "
-                    f"for step {v.step}"
-                )
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+    def _enter_vote(self, rank: int, step: int, vote: bool) -> tuple[_Vote, asyncio.Future[bool]]:
+        """Record ``rank``'s vote for ``step``; the last rank's vote decides.
+
+        ValueError for a bad rank or a stale vote; a vote for a later step
+        abandons the open one (its waiters get ``QuorumRejectedError``).
+        """
+        validate.check_group_rank(rank, self.world_size)
+        validate.check_step("step", step)
+        if step < self._last_quorum_step:
+            raise ValueError(
+                f"stale vote: group rank {rank} voted for step {step} but replica "
+                f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
+            )
+        v = self._vote
+        if v is not None and step < v.step:
+            raise ValueError(
+                f"stale vote: group rank {rank} voted for step {step} while the open vote is "
+                f"for step {v.step}"
+            )
         if v is not None and step > v.step:
             assert v.future is not None
             v.future.set_exception(
@@ -330,15 +431,63 @@ class ManagerServer:
                     "%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no
                 )
             fut.set_result(not no)
+        return v, fut
+
+    def _leave_vote(self, v: _Vote, rank: int) -> None:
+        if self._vote is v:
+            v.votes.pop(rank, None)
+
+    async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            rank, step, vote = wire.decode_should_commit_request(request)
+            v, fut = self._enter_vote(rank, step, vote)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
         try:
             decision = await asyncio.shield(fut)
         except asyncio.CancelledError:
-            if self._vote is v:
-                v.votes.pop(rank, None)
+            self._leave_vote(v, rank)
             raise
         except QuorumRejectedError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
         return wire.encode_should_commit_response(decision)
+
+    def should_commit_local(
+        self, rank: int, step: int, vote: bool, timeout_s: float
+    ) -> concurrent.futures.Future[bool]:
+        """The ``ShouldCommit`` RPC for a rank in this process, callable from any
+        thread (see ``quorum_local``); fails with ``QuorumTimeoutError`` after
+        ``timeout_s`` seconds."""
+        out: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._loop.call_soon_threadsafe(self._vote_local, rank, step, vote, timeout_s, out)
+        return out
+
+    def _vote_local(
+        self,
+        rank: int,
+        step: int,
+        vote: bool,
+        timeout_s: float,
+        out: concurrent.futures.Future[bool],
+    ) -> None:
+        try:
+            v, fut = self._enter_vote(rank, step, vote)
+        except ValueError as exc:
+            out.set_exception(QuorumRejectedError(f"ShouldCommit: {exc}"))
+            return
+        what = f"commit vote of group rank {rank} for step {step}"
+        self._complete_local(fut, out, timeout_s, what, lambda: self._leave_vote(v, rank), bool)
+
+    def checkpoint_metadata_local(self, rank: int) -> str:
+        """What group rank ``rank`` sent with its last quorum; any thread.
+        ``QuorumRejectedError`` if it sent none."""
+        try:
+            return self._metadata[rank]
+        except KeyError:
+            raise QuorumRejectedError(
+                f"CheckpointMetadata: no metadata for group rank {rank} on replica "
+                f"{self.replica_id!r} (ranks with metadata: {sorted(self._metadata)})"
+            ) from None
 
     async def _checkpoint_metadata(
         self, request: bytes, context: grpc.aio.ServicerContext
@@ -347,13 +496,11 @@ class ManagerServer:
             rank = wire.decode_checkpoint_metadata_request(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"CheckpointMetadata: {exc}")
-        if rank not in self._metadata:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"CheckpointMetadata: no metadata for group rank {rank} on replica "
-                f"{self.replica_id!r} (ranks with metadata: {sorted(self._metadata)})",
-            )
-        return wire.encode_checkpoint_metadata_response(self._metadata[rank])
+        try:
+            metadata = self.checkpoint_metadata_local(rank)
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return wire.encode_checkpoint_metadata_response(metadata)
 
     async def _kill(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:

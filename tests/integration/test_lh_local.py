@@ -1,0 +1,122 @@
+"""LocalManagerClient: rank 0 served in-process by its ManagerServer, next to
+ranks on real gRPC, against a real lighthouse on 127.0.0.1."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from lighthouse import FailureNotice, ManagerClient, QuorumRejectedError, QuorumTimeoutError
+from lighthouse.local import LocalManagerClient
+from tests.integration.lh_fixtures import lighthouse
+from tests.integration.test_lh_manager import in_threads, managers
+
+pytestmark = pytest.mark.timeout(60)
+T = timedelta(seconds=10)
+
+
+def test_local_and_remote_ranks_share_one_round_and_one_vote() -> None:
+    with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=2) as ms:
+        local = LocalManagerClient(ms[0], ms[0].address())
+        remote = [ManagerClient(ms[0].address()), ManagerClient(ms[1].address())]
+        pending = local.quorum_async(0, 0, "meta00", False, T)
+        r01, r10, r11 = in_threads(
+            [
+                lambda: remote[0].quorum(1, 0, "meta01", False, T),
+                lambda: remote[1].quorum(0, 5, "meta10", False, T),
+                lambda: remote[1].quorum(1, 5, "meta11", False, T),
+            ]
+        )
+        r00 = pending.result(timeout=10)
+        assert lh.status()["quorums_issued"] == 1
+        assert (r00.replica_rank, r01.replica_rank, r10.replica_rank) == (0, 0, 1)
+        assert r00.heal and r00.recover_src_manager_address == ms[1].address()
+        assert r00.replica_ids == r11.replica_ids == [ms[0].replica_id, ms[1].replica_id]
+        assert local.checkpoint_metadata(1, T) == "meta01"
+        with pytest.raises(QuorumRejectedError, match="no metadata for group rank 7"):
+            local.checkpoint_metadata(7, T)
+
+        votes = in_threads(
+            [
+                lambda: local.should_commit(0, 0, True, T),
+                lambda: remote[0].should_commit(1, 0, False, T),
+            ]
+        )
+        assert votes == [False, False]  # the AND of one local and one remote vote
+
+
+def test_local_errors_are_the_rpc_errors() -> None:
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        local = LocalManagerClient(ms, ms.address())
+        remote = ManagerClient(ms.address())
+        out = in_threads(
+            [lambda: local.quorum(0, 1, "", False, T), lambda: remote.quorum(1, 2, "", False, T)]
+        )
+        for exc in out:
+            assert isinstance(exc, QuorumRejectedError), exc
+            assert "reported different steps" in str(exc) and "{0: 1, 1: 2}" in str(exc)
+        with pytest.raises(QuorumRejectedError, match=r"group_rank must be in \[0, 2\), got 5"):
+            local.quorum(5, 0, "", False, T)
+        with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+            local.quorum(0, -1, "", False, T)
+
+
+def test_a_local_rank_whose_peers_never_come_times_out_and_the_next_round_works() -> None:
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        local = LocalManagerClient(ms, ms.address())
+        start = time.monotonic()
+        with pytest.raises(QuorumTimeoutError, match=r"no answer within 0\.300 s"):
+            local.quorum(0, 0, "", False, timedelta(milliseconds=300))
+        assert time.monotonic() - start < 5
+        with pytest.raises(QuorumTimeoutError, match="commit vote of group rank 0"):
+            local.should_commit(0, 0, True, timedelta(milliseconds=300))
+        # the expired request and vote left the round: a full round goes through
+        remote = ManagerClient(ms.address())
+        out = in_threads(
+            [lambda: local.quorum(0, 0, "", False, T), lambda: remote.quorum(1, 0, "", False, T)]
+        )
+        assert [r.replica_world_size for r in out] == [1, 1], out
+        votes = in_threads(
+            [
+                lambda: local.should_commit(0, 0, True, T),
+                lambda: remote.should_commit(1, 0, True, T),
+            ]
+        )
+        assert votes == [True, True]
+
+
+def test_local_failure_subscription_hears_a_peer_die() -> None:
+    with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=1) as ms:
+        local = LocalManagerClient(ms[0], ms[0].address())
+        got: list[FailureNotice] = []
+        heard = threading.Event()
+
+        def on_notice(notice: FailureNotice) -> None:
+            got.append(notice)
+            heard.set()
+
+        sub = local.subscribe_failures(on_notice)
+        try:
+            assert sub.wait_ready(T)
+            in_threads([lambda i=i: ms[i].quorum_local(_request(), 10.0).result(10) for i in (0, 1)])
+            ms[1].shutdown(leave=False)  # a crash, as the lighthouse sees it
+            assert heard.wait(10)
+            assert got[0].dead_replica_ids == (ms[1].replica_id,)
+            assert got[0].epoch == lh.epoch
+        finally:
+            sub.cancel()
+
+
+def _request() -> dict[str, object]:
+    return {
+        "group_rank": 0,
+        "step": 0,
+        "checkpoint_metadata": "",
+        "shrink_only": False,
+        "init_sync": False,
+        "commit_failures": 0,
+        "step_time_ms": 0.0,
+    }
