@@ -205,9 +205,23 @@ class Manager:
         self._last_start = now
         self._errored = None
         self._healing = False
-        self._quorum_future = self._executor.submit(
-            self._async_quorum, allow_heal, shrink_only, timeout or self._quorum_timeout
-        )
+        timeout = timeout or self._quorum_timeout
+        quorum_async = getattr(self._client, "quorum_async", None)
+        if quorum_async is None:
+            self._quorum_future = self._executor.submit(
+                self._sync_quorum, allow_heal, shrink_only, timeout
+            )
+        else:
+            done: ThreadFuture[None] = ThreadFuture()
+            self._quorum_future = done
+            try:
+                pending = quorum_async(*self._quorum_args(shrink_only, timeout))
+            except Exception as e:
+                done.set_exception(e)
+            else:
+                pending.add_done_callback(
+                    lambda f: self._on_quorum_result(f, done, allow_heal, timeout)
+                )
         if not self._use_async_quorum:
             self.wait_quorum()
             self._apply_pending_state()
@@ -217,17 +231,62 @@ class Manager:
         assert self._quorum_future is not None, "call start_quorum() first"
         self._quorum_future.result()
 
-    def _async_quorum(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
-        result = self._client.quorum(
+    def _quorum_args(self, shrink_only: bool, timeout: timedelta) -> tuple[Any, ...]:
+        return (
             self._group_rank,
             self._step,
             self._transport.metadata(),
             shrink_only,
             timeout,
-            init_sync=self._init_sync,
-            commit_failures=self._commit_failures,
-            step_time_ms=self._step_time_ms,
+            self._init_sync,
+            self._commit_failures,
+            self._step_time_ms,
         )
+
+    def _sync_quorum(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
+        """The quorum on the quorum thread, for clients without `quorum_async`."""
+        result = self._client.quorum(*self._quorum_args(shrink_only, timeout))
+        self._finish_quorum(result, allow_heal, timeout)
+
+    def _on_quorum_result(
+        self,
+        pending: ThreadFuture[QuorumResult],
+        done: ThreadFuture[None],
+        allow_heal: bool,
+        timeout: timedelta,
+    ) -> None:
+        """Runs where the result arrives (the manager server's loop). In the steady
+        state (same quorum, nothing to heal) the step's quorum is finished right
+        here, with no thread hop; a reconfiguration or heal, which block, go to
+        the quorum thread."""
+        try:
+            result = pending.result()
+        except BaseException as e:
+            done.set_exception(e)
+            return
+        steady = (result.epoch, result.quorum_id) == (self._epoch, self._quorum_id) and not (
+            allow_heal and (result.heal or result.recover_dst_replica_ranks)
+        )
+
+        def finish() -> None:
+            try:
+                self._finish_quorum(result, allow_heal, timeout)
+            except BaseException as e:
+                done.set_exception(e)
+            else:
+                done.set_result(None)
+
+        if steady:
+            finish()
+            return
+        try:
+            self._executor.submit(finish)
+        except RuntimeError as e:  # shut down meanwhile
+            done.set_exception(e)
+
+    def _finish_quorum(self, result: QuorumResult, allow_heal: bool, timeout: timedelta) -> None:
+        """Take this step's ranks from `result`; reconfigure the PG on a new quorum
+        and heal (send or receive the state) if `allow_heal`."""
         if self._use_async_quorum or not allow_heal:
             rank, size = result.max_replica_rank, result.max_world_size
         else:
