@@ -41,6 +41,7 @@ def compute_quorum_result(
     up_to_date = [i for i in range(len(parts)) if i not in healer_set]
     src_of = {h: up_to_date[(j + group_rank) % len(up_to_date)] for j, h in enumerate(healers)}
     src = src_of.get(me)
+    src_metadata = parts[src].checkpoint_metadata if src is not None else ()
     return QuorumResult(
         quorum_id=quorum.quorum_id,
         epoch=quorum.epoch,
@@ -56,4 +57,7 @@ def compute_quorum_result(
         heal=src is not None,
         commit_failures=max(p.commit_failures for p in parts),
         replica_ids=ids,
+        recover_src_checkpoint_metadata=(
+            src_metadata[group_rank] if group_rank < len(src_metadata) else ""
+        ),
     )

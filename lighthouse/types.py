@@ -23,6 +23,8 @@ class QuorumMember:
         data: opaque user JSON text ("" = none).
         commit_failures: consecutive failed commits; > 0 forces a new quorum id.
         step_time_ms: telemetry, the group's last step duration in milliseconds (0 = unknown).
+        checkpoint_metadata: per group rank, what a healing peer needs to fetch
+            that rank's state (manager servers only; () = ask CheckpointMetadata).
     """
 
     replica_id: str
@@ -34,6 +36,7 @@ class QuorumMember:
     data: str = ""
     commit_failures: int = 0
     step_time_ms: float = 0.0
+    checkpoint_metadata: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,12 @@ class QuorumResult:
     heal: bool = False
     commit_failures: int = 0
     replica_ids: list[str] = field(default_factory=list)
+    recover_src_checkpoint_metadata: str = ""  # "" = ask the source's CheckpointMetadata
 
 
 @dataclass(frozen=True)
 class FailureNotice:
-    """"These members of quorum ``(epoch, quorum_id)`` died", pushed to survivors.
+    """ "These members of quorum ``(epoch, quorum_id)`` died", pushed to survivors.
 
     ``detected_unix_ms`` is the wall clock of detection in milliseconds.
     """

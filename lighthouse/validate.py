@@ -57,7 +57,9 @@ def check_member(m: QuorumMember) -> QuorumMember:
     check_replica_id(m.replica_id)
     for name, value in (("address", m.address), ("store_address", m.store_address)):
         if len(value) > MAX_ADDRESS_CHARS:
-            raise ValueError(f"{name} must be at most {MAX_ADDRESS_CHARS} characters, got {len(value)}")
+            raise ValueError(
+                f"{name} must be at most {MAX_ADDRESS_CHARS} characters, got {len(value)}"
+            )
     check_step("step", m.step)
     check_step("commit_failures", m.commit_failures)
     if m.address and m.world_size < 1:
@@ -67,6 +69,11 @@ def check_member(m: QuorumMember) -> QuorumMember:
     if not math.isfinite(m.step_time_ms) or m.step_time_ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {m.step_time_ms}")
     check_data(m.data)
+    size = sum(len(s) for s in m.checkpoint_metadata)
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(
+            f"checkpoint_metadata must total at most {MAX_METADATA_BYTES} characters, got {size}"
+        )
     return m
 
 

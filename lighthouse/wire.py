@@ -36,6 +36,8 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.data = m.data
     out.commit_failures = m.commit_failures
     out.step_time_ms = m.step_time_ms
+    if m.checkpoint_metadata:
+        out.checkpoint_metadata.extend(m.checkpoint_metadata)
 
 
 def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
@@ -52,6 +54,7 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         data=p.data,
         commit_failures=p.commit_failures,
         step_time_ms=p.step_time_ms,
+        checkpoint_metadata=tuple(p.checkpoint_metadata),
     )
     return m
 
@@ -227,6 +230,7 @@ def encode_quorum_result(r: QuorumResult) -> bytes:
         heal=r.heal,
         commit_failures=r.commit_failures,
         replica_ids=r.replica_ids,
+        recover_src_checkpoint_metadata=r.recover_src_checkpoint_metadata,
     )
     if r.recover_src_replica_rank is not None:
         out.recover_src_replica_rank = r.recover_src_replica_rank
@@ -255,6 +259,7 @@ def decode_quorum_result(data: bytes) -> QuorumResult:
         heal=p.heal,
         commit_failures=p.commit_failures,
         replica_ids=list(p.replica_ids),
+        recover_src_checkpoint_metadata=p.recover_src_checkpoint_metadata,
     )
 
 

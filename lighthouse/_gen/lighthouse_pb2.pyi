@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QuorumMember(_message.Message):
-    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms")
+    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -17,6 +17,7 @@ class QuorumMember(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     store_address: str
@@ -26,7 +27,8 @@ class QuorumMember(_message.Message):
     data: str
     commit_failures: int
     step_time_ms: float
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ...) -> None: ...
+    checkpoint_metadata: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Quorum(_message.Message):
     __slots__ = ("quorum_id", "epoch", "participants", "created_unix_ms")
@@ -113,7 +115,7 @@ class ManagerQuorumRequest(_message.Message):
     def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
-    __slots__ = ("quorum_id", "epoch", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids")
+    __slots__ = ("quorum_id", "epoch", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "recover_src_checkpoint_metadata")
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     RECOVER_SRC_MANAGER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -128,6 +130,7 @@ class ManagerQuorumResponse(_message.Message):
     HEAL_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    RECOVER_SRC_CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
     quorum_id: int
     epoch: str
     recover_src_manager_address: str
@@ -142,7 +145,8 @@ class ManagerQuorumResponse(_message.Message):
     heal: bool
     commit_failures: int
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, quorum_id: _Optional[int] = ..., epoch: _Optional[str] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    recover_src_checkpoint_metadata: str
+    def __init__(self, quorum_id: _Optional[int] = ..., epoch: _Optional[str] = ..., recover_src_manager_address: _Optional[str] = ..., recover_src_replica_rank: _Optional[int] = ..., recover_dst_replica_ranks: _Optional[_Iterable[int]] = ..., store_address: _Optional[str] = ..., max_step: _Optional[int] = ..., max_replica_rank: _Optional[int] = ..., max_world_size: _Optional[int] = ..., replica_rank: _Optional[int] = ..., replica_world_size: _Optional[int] = ..., heal: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., recover_src_checkpoint_metadata: _Optional[str] = ...) -> None: ...
 
 class CheckpointMetadataRequest(_message.Message):
     __slots__ = ("rank",)

@@ -79,6 +79,11 @@ def test_local_ranks_gathered_into_one_lighthouse_call_each_gets_its_result() ->
         assert (r00.replica_rank, r10.replica_rank, r00.replica_world_size) == (0, 1, 2)
         assert r00.heal and r01.heal and not r10.heal
         assert r00.recover_src_manager_address == ms[1].address()
+        # the source's metadata for each healer's group rank came with the quorum
+        assert (r00.recover_src_checkpoint_metadata, r01.recover_src_checkpoint_metadata) == (
+            "meta10",
+            "meta11",
+        )
         assert r10.recover_dst_replica_ranks == [0]
         assert r00.store_address == "127.0.0.1:4001" == r01.store_address
         assert r00.epoch == lh.epoch and r00.replica_ids == ["rep0", "rep1"]

@@ -14,8 +14,14 @@ def quorum(steps: list[int], commit_failures: list[int] | None = None) -> Quorum
         7,
         "ep",
         tuple(
-            QuorumMember(f"r{i}", address=f"mgr{i}:1", store_address=f"store{i}:2", step=s,
-                         world_size=2, commit_failures=cf[i])
+            QuorumMember(
+                f"r{i}",
+                address=f"mgr{i}:1",
+                store_address=f"store{i}:2",
+                step=s,
+                world_size=2,
+                commit_failures=cf[i],
+            )
             for i, s in enumerate(steps)
         ),
     )
@@ -33,6 +39,25 @@ def test_healers_round_robin_over_up_to_date_rotated_by_group_rank() -> None:
     g1 = {i: compute_quorum_result(q, f"r{i}", 1) for i in range(5)}
     assert [g1[i].recover_src_replica_rank for i in range(5)] == [3, None, 1, None, 3]
     assert g1[0].store_address == "store3:2"  # group rank 1 rendezvouses elsewhere
+
+
+def test_a_healer_gets_its_sources_metadata_for_its_own_group_rank() -> None:
+    members = tuple(
+        QuorumMember(
+            f"r{i}",
+            address=f"mgr{i}:1",
+            step=s,
+            world_size=2,
+            checkpoint_metadata=(f"http://r{i}g0/", f"http://r{i}g1/"),
+        )
+        for i, s in enumerate([3, 5])
+    )
+    q = Quorum(1, "ep", members)
+    assert compute_quorum_result(q, "r0", 0).recover_src_checkpoint_metadata == "http://r1g0/"
+    assert compute_quorum_result(q, "r0", 1).recover_src_checkpoint_metadata == "http://r1g1/"
+    assert compute_quorum_result(q, "r1", 0).recover_src_checkpoint_metadata == ""  # no heal
+    bare = Quorum(1, "ep", (QuorumMember("r0", step=3), QuorumMember("r1", address="m:1", step=5)))
+    assert compute_quorum_result(bare, "r0", 0).recover_src_checkpoint_metadata == ""  # ask
 
 
 def test_max_step_fields() -> None:

@@ -7,7 +7,7 @@ import pytest
 from lighthouse import validate, wire
 from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
 
-MEMBER = QuorumMember("r:1", "h:1", "s:2", 4, 2, True, '{"k": 1}', 3, 12.5)
+MEMBER = QuorumMember("r:1", "h:1", "s:2", 4, 2, True, '{"k": 1}', 3, 12.5, ("u0", "u1"))
 
 
 def test_member_and_quorum_round_trip() -> None:
@@ -38,6 +38,7 @@ def test_quorum_result_round_trip_keeps_optional_none(optional: int | None) -> N
         heal=optional is not None,
         commit_failures=1,
         replica_ids=["a", "b", "c"],
+        recover_src_checkpoint_metadata="http://m:2/ckpt/" if optional is not None else "",
     )
     assert wire.decode_quorum_result(wire.encode_quorum_result(r)) == r
 
@@ -106,6 +107,14 @@ def test_malformed_bytes_name_the_message() -> None:
 def test_bad_members_are_refused_with_the_field_named(member: QuorumMember, msg: str) -> None:
     with pytest.raises(ValueError, match=msg):
         validate.check_member(member)
+
+
+def test_checkpoint_metadata_of_a_member_is_bounded() -> None:
+    big = QuorumMember("r", "h:1", world_size=2, checkpoint_metadata=("x" * 40_000, "y" * 40_000))
+    with pytest.raises(
+        ValueError, match="checkpoint_metadata must total at most 65536 characters, got 80000"
+    ):
+        validate.check_member(big)
 
 
 def test_bare_client_may_leave_world_size_zero() -> None:
