@@ -132,7 +132,8 @@ class ManagerServer:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _start(self, bind: str) -> int:
-        await self._link.connect()
+        """Bind and start serving while the lighthouse link connects (both at once:
+        a restarted replica waits for neither twice)."""
         server = grpc.aio.server(options=grpc_server_options(5000))
         handlers = {
             "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
@@ -146,10 +147,15 @@ class ManagerServer:
         )
         port = server.add_insecure_port(bind)
         if port == 0:
-            await self._link.close()
             raise OSError(f"could not bind the manager server to {bind!r}")
-        await server.start()
         self._server = server
+        results = await asyncio.gather(self._link.connect(), server.start(), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await server.stop(grace=None)
+            if results[0] is None:  # connected: close the link we will not use
+                await self._link.close(leave=True)
+            raise errors[0]
         return port
 
     def address(self) -> str:
@@ -383,6 +389,9 @@ class ManagerServer:
             shrink_only=any(bool(r["shrink_only"]) for r in reqs),
             commit_failures=max(int(r["commit_failures"]) for r in reqs),  # type: ignore[call-overload]
             step_time_ms=max(float(r["step_time_ms"]) for r in reqs),  # type: ignore[arg-type]
+            checkpoint_metadata=tuple(
+                str(g.requests[r]["checkpoint_metadata"]) for r in range(self.world_size)
+            ),
         )
         try:
             fut.set_result(await self._link.quorum(member, min(g.deadlines.values())))
