@@ -16,12 +16,14 @@ as they were) instead of waiting for the collective timeout.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 from typing import Any, Protocol, TypeVar
@@ -40,7 +42,7 @@ from torchft_pg.manager_setup import connect_replica_group
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.work import ManagedWork, completed_work
 
-__all__ = ["Manager", "WorldSizeMode"]
+__all__ = ["Manager", "QuorumTimings", "WorldSizeMode"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +54,21 @@ class WorldSizeMode(Enum):
 
     DYNAMIC = 0
     FIXED_WITH_SPARES = 1
+
+
+@dataclass(frozen=True)
+class QuorumTimings:
+    """Where one `start_quorum` went, in seconds.
+
+    `quorum_s`: from the request to the result (includes waiting for the
+    other replicas to reach their step boundary); `configure_s`: rebuilding
+    the process group (0 when the quorum did not change); `heal_s`: sending
+    or receiving the state (0 when nobody healed).
+    """
+
+    quorum_s: float
+    configure_s: float = 0.0
+    heal_s: float = 0.0
 
 
 class ManagerClientLike(Protocol):
@@ -134,6 +151,11 @@ class Manager:
 
         self._server: ManagerServer | None = None
         self._subscription: Any = None
+        self._connect_manager = connect_manager or (
+            lambda addr: ManagerClient(addr, self._connect_timeout)
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchft_pg-quorum")
+        self._connected: ThreadFuture[None] | None = None
         if client is None:
             config = ManagerConfig.from_env(
                 lighthouse_addr=lighthouse_addr,
@@ -147,26 +169,22 @@ class Manager:
             )
             hostname = config.hostname
             self._group_rank, self._group_world_size = config.rank, config.world_size
-            client, self.replica_id, self._server = connect_replica_group(
-                config, hostname, heartbeat_interval, self._connect_timeout, quorum_retries
+            self.replica_id = config.replica_id  # gets its incarnation suffix once connected
+            # Connecting (manager server, lighthouse link, group store) runs on the
+            # quorum thread, overlapping whatever the caller does before its first
+            # start_quorum; that call (or any other needing it) waits for it and
+            # raises its error, e.g. LighthouseUnavailableError.
+            self._connected = self._executor.submit(
+                self._connect, config, heartbeat_interval, quorum_retries
             )
         else:
             self._group_rank = rank if rank is not None else 0
             self._group_world_size = world_size if world_size is not None else 1
             self.replica_id = replica_id or "replica"
-        self._client = client
-        self._connect_manager = connect_manager or (
-            lambda addr: ManagerClient(addr, self._connect_timeout)
-        )
+            self._use_client(client)
         self._transport: CheckpointTransport[Any] = checkpoint_transport or HTTPTransport(
             timeout, advertise_host=hostname
         )
-        if hasattr(client, "subscribe_failures"):
-            self._subscription = client.subscribe_failures(
-                self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
-            )
-
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchft_pg-quorum")
         self._quorum_future: ThreadFuture[None] | None = None
         self._pg_lock = threading.Lock()
         # (epoch, quorum id, members) of a configure in progress, for failure notices
@@ -186,9 +204,29 @@ class Manager:
         self._pending_user_state: dict[str, Any] | None = None
         self._errored: Exception | None = None
         self._last_start: float | None = None
+        self._quorum_requested = 0.0
+        self._timings: QuorumTimings | None = None
         self._step_time_ms = 0.0
 
     # -- start-up ----------------------------------------------------------------
+    def _connect(self, config: ManagerConfig, heartbeat_interval: timedelta, retries: int) -> None:
+        client, self.replica_id, self._server = connect_replica_group(
+            config, config.hostname, heartbeat_interval, self._connect_timeout, retries
+        )
+        self._use_client(client)
+
+    def _use_client(self, client: ManagerClientLike) -> None:
+        self._client = client
+        if hasattr(client, "subscribe_failures"):
+            self._subscription = client.subscribe_failures(
+                self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
+            )
+
+    def _wait_connected(self) -> None:
+        """Raise the start-up connection's error, or return once it is done."""
+        if self._connected is not None:
+            self._connected.result()
+
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(
         self, allow_heal: bool = True, shrink_only: bool = False, timeout: timedelta | None = None
@@ -206,6 +244,8 @@ class Manager:
         self._errored = None
         self._healing = False
         timeout = timeout or self._quorum_timeout
+        self._wait_connected()
+        self._quorum_requested = time.perf_counter()
         quorum_async = getattr(self._client, "quorum_async", None)
         if quorum_async is None:
             self._quorum_future = self._executor.submit(
@@ -287,6 +327,23 @@ class Manager:
     def _finish_quorum(self, result: QuorumResult, allow_heal: bool, timeout: timedelta) -> None:
         """Take this step's ranks from `result`; reconfigure the PG on a new quorum
         and heal (send or receive the state) if `allow_heal`."""
+        quorum_s = time.perf_counter() - self._quorum_requested
+        configure_s = self._take_quorum(result, allow_heal)
+        heal_s = 0.0
+        if (
+            configure_s is not None
+            and allow_heal
+            and (result.heal or result.recover_dst_replica_ranks)
+        ):
+            start = time.perf_counter()
+            self._heal(result, timeout)
+            heal_s = time.perf_counter() - start
+        self._timings = QuorumTimings(quorum_s, configure_s or 0.0, heal_s)
+
+    def _take_quorum(self, result: QuorumResult, allow_heal: bool) -> float | None:
+        """This step's ranks from `result`; on a new quorum, reconfigure the PG.
+        Returns the seconds spent reconfiguring (0.0 for the same quorum), None
+        if it failed (reported: this step votes no)."""
         if self._use_async_quorum or not allow_heal:
             rank, size = result.max_replica_rank, result.max_world_size
         else:
@@ -308,6 +365,7 @@ class Manager:
                 addr,
             )
             self._configuring = (result.epoch, result.quorum_id, frozenset(result.replica_ids))
+            start = time.perf_counter()
             try:
                 with self._pg_lock:  # the group and the id it is recorded under change together
                     self._pg.configure(addr, result.replica_rank, result.replica_world_size)
@@ -315,11 +373,11 @@ class Manager:
                     self._participants = list(result.replica_ids)
             except Exception as e:
                 self.report_error(e)
-                return
+                return None
             finally:
                 self._configuring = None
-        if allow_heal:
-            self._heal(result, timeout)
+            return time.perf_counter() - start
+        return 0.0
 
     def _heal(self, result: QuorumResult, timeout: timedelta) -> None:
         try:
@@ -333,13 +391,9 @@ class Manager:
             if result.heal:
                 self._healing = True
                 start = time.perf_counter()
-                source = self._connect_manager(result.recover_src_manager_address)
-                try:
-                    metadata = source.checkpoint_metadata(self._group_rank, self._timeout)
-                finally:
-                    close = getattr(source, "close", None)
-                    if close is not None:
-                        close()
+                metadata = result.recover_src_checkpoint_metadata or self._ask_metadata(
+                    result.recover_src_manager_address
+                )
                 assert result.recover_src_replica_rank is not None
                 payload = self._transport.recv_checkpoint(
                     result.recover_src_replica_rank, metadata, result.max_step, self._timeout
@@ -355,6 +409,17 @@ class Manager:
                 )
         except Exception as e:
             self.report_error(RecoveryError(f"healing at step {result.max_step} failed: {e}"))
+
+    def _ask_metadata(self, address: str) -> str:
+        """The healing source's checkpoint metadata for our rank, from its manager
+        server (when the quorum did not carry it)."""
+        source = self._connect_manager(address)
+        try:
+            return source.checkpoint_metadata(self._group_rank, self._timeout)
+        finally:
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
 
     def _apply_pending_state(self) -> None:
         state, self._pending_user_state = self._pending_user_state, None
@@ -428,6 +493,7 @@ class Manager:
         self._apply_pending_state()
         participants = self._participating_world_size if self._errored is None else 0
         vote = self._errored is None and participants >= self._min_replica_size
+        self._wait_connected()
         decision = self._client.should_commit(
             self._group_rank, self._step, vote, timeout or self._timeout
         )
@@ -561,11 +627,18 @@ class Manager:
         self._step = int(state["step"])
         self._batches_committed = int(state["batches_committed"])
 
+    def last_quorum_timings(self) -> QuorumTimings | None:
+        """Where the last finished `start_quorum` spent its time (None before one)."""
+        return self._timings
+
     def _tag(self) -> str:
         return f"[replica {self.replica_id} rank {self._group_rank} step {self._step} quorum {self._epoch}/{self._quorum_id}]"
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop background work, the transport, the PG and (rank 0) the manager server."""
+        if self._connected is not None:  # a server still starting would outlive us
+            with contextlib.suppress(Exception):  # one that never came up needs no stop
+                self._connected.result()
         if self._subscription is not None:
             self._subscription.cancel()
         self._executor.shutdown(wait=wait)
@@ -573,6 +646,6 @@ class Manager:
         self._pg.shutdown()
         if self._server is not None:
             self._server.shutdown()
-        close = getattr(self._client, "close", None)
+        close = getattr(getattr(self, "_client", None), "close", None)
         if close is not None:
             close()

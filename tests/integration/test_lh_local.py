@@ -101,7 +101,9 @@ def test_local_failure_subscription_hears_a_peer_die() -> None:
         sub = local.subscribe_failures(on_notice)
         try:
             assert sub.wait_ready(T)
-            in_threads([lambda i=i: ms[i].quorum_local(_request(), 10.0).result(10) for i in (0, 1)])
+            in_threads(
+                [lambda i=i: ms[i].quorum_local(_request(), 10.0).result(10) for i in (0, 1)]
+            )
             ms[1].shutdown(leave=False)  # a crash, as the lighthouse sees it
             assert heard.wait(10)
             assert got[0].dead_replica_ids == (ms[1].replica_id,)

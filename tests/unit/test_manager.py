@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future as ThreadFuture
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +32,7 @@ def result(
     src: int | None = None,
     dst: list[int] | None = None,
     epoch: str = "ep",
+    src_metadata: str = "",
 ) -> QuorumResult:
     return QuorumResult(
         quorum_id=quorum_id,
@@ -46,6 +48,7 @@ def result(
         max_world_size=world if max_world is None else max_world,
         heal=heal,
         replica_ids=[f"r{i}" for i in range(world)],
+        recover_src_checkpoint_metadata=src_metadata,
     )
 
 
@@ -91,6 +94,23 @@ class FakeClient:
     def subscribe_failures(self, callback: Any, group_rank: int = 0, on_error: Any = None) -> Any:
         self.failure_callback = callback
         return None
+
+
+class AsyncFakeClient(FakeClient):
+    """Offers `quorum_async`, answered from a thread of its own, like the
+    in-process manager server's loop."""
+
+    def quorum_async(self, *args: Any) -> ThreadFuture[QuorumResult]:
+        out: ThreadFuture[QuorumResult] = ThreadFuture()
+
+        def answer() -> None:
+            try:
+                out.set_result(self.quorum(*args))
+            except Exception as e:
+                out.set_exception(e)
+
+        threading.Thread(target=answer, name="fake-server-loop").start()
+        return out
 
 
 class FakeTransport:
@@ -142,6 +162,7 @@ class SumGroup(ProcessGroupDummy):
     def __init__(self) -> None:
         super().__init__(0, 1)
         self.configured: list[tuple[str, int, int]] = []
+        self.configure_threads: list[str] = []
         self.hold = False
         self.pending: list[Future[Any]] = []
         self.aborted = 0
@@ -150,6 +171,7 @@ class SumGroup(ProcessGroupDummy):
         self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
     ) -> None:
         self.configured.append((store_addr, rank, world_size))
+        self.configure_threads.append(threading.current_thread().name)
         self._world = world_size
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -168,13 +190,14 @@ class SumGroup(ProcessGroupDummy):
 def make(
     results: list[QuorumResult], **kwargs: Any
 ) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
-    client = FakeClient(results, kwargs.pop("decisions", None))
+    client_type = kwargs.pop("client_type", FakeClient)
+    client = client_type(results, kwargs.pop("decisions", None))
     transport = kwargs.pop("transport", FakeTransport())
     pg = SumGroup()
     manager = Manager(
         pg,
         client=client,
-        connect_manager=lambda addr: client,
+        connect_manager=kwargs.pop("connect_manager", lambda addr: client),
         checkpoint_transport=transport,
         min_replica_size=kwargs.pop("min_replica_size", 1),
         timeout=timedelta(seconds=5),
@@ -183,9 +206,13 @@ def make(
     return manager, client, transport, pg
 
 
-def test_happy_path_averages_commits_and_reconfigures_only_on_new_quorum() -> None:
+@pytest.mark.parametrize("client_type", [FakeClient, AsyncFakeClient])
+def test_happy_path_averages_commits_and_reconfigures_only_on_new_quorum(
+    client_type: type[FakeClient],
+) -> None:
     manager, client, transport, pg = make(
-        [result(quorum_id=1), result(quorum_id=1), result(quorum_id=2, world=3)]
+        [result(quorum_id=1), result(quorum_id=1), result(quorum_id=2, world=3)],
+        client_type=client_type,
     )
     for expected_world in (2, 2, 3):
         manager.start_quorum()
@@ -196,8 +223,37 @@ def test_happy_path_averages_commits_and_reconfigures_only_on_new_quorum() -> No
         assert manager.num_participants() == expected_world
     assert manager.current_step() == 3 and manager.batches_committed() == 2 + 2 + 3
     assert pg.configured == [(f"{STORE}/torchft/ep/1/0", 0, 2), (f"{STORE}/torchft/ep/2/0", 0, 3)]
+    # a reconfiguration blocks, so it never runs where quorum results arrive
+    assert all(name.startswith("torchft_pg-quorum") for name in pg.configure_threads)
     assert [c["step"] for c in client.quorum_calls] == [0, 1, 2]
     assert transport.disallowed == 3
+    manager.shutdown()
+
+
+@pytest.mark.parametrize("client_type", [FakeClient, AsyncFakeClient])
+def test_quorum_timings_split_the_wait_the_configure_and_the_heal(
+    client_type: type[FakeClient],
+) -> None:
+    payload = {"user": {}, "torchft": {"step": 3, "batches_committed": 3}}
+    manager, *_ = make(
+        [
+            result(quorum_id=1, max_step=3, max_rank=None, max_world=1, heal=True, src=1),
+            result(quorum_id=1, max_step=4),
+        ],
+        client_type=client_type,
+        transport=FakeTransport(payload),
+    )
+    assert manager.last_quorum_timings() is None
+    manager.start_quorum()
+    manager.wait_quorum()
+    first = manager.last_quorum_timings()
+    assert first is not None and first.quorum_s > 0 and first.configure_s > 0 and first.heal_s > 0
+    assert manager.should_commit()
+    manager.start_quorum()
+    manager.wait_quorum()
+    steady = manager.last_quorum_timings()
+    assert steady is not None and steady.quorum_s > 0
+    assert (steady.configure_s, steady.heal_s) == (0.0, 0.0)  # same quorum, nobody heals
     manager.shutdown()
 
 
@@ -212,7 +268,10 @@ def test_sum_is_not_divided_and_int_avg_is_refused() -> None:
     manager.shutdown()
 
 
-def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step() -> None:
+@pytest.mark.parametrize("client_type", [FakeClient, AsyncFakeClient])
+def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step(
+    client_type: type[FakeClient],
+) -> None:
     loaded: list[Any] = []
     payload = {
         "user": {"default": {"w": torch.tensor([7.0])}},
@@ -221,6 +280,7 @@ def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step() -
     manager, _, transport, _ = make(
         [result(replica_rank=0, max_step=20, max_rank=None, max_world=1, heal=True, src=1)],
         transport=FakeTransport(payload),
+        client_type=client_type,
     )
     manager.register_state_dict_fn("default", loaded.append, lambda: {"w": torch.zeros(1)})
     manager.start_quorum()
@@ -232,6 +292,22 @@ def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step() -
     assert loaded and loaded[0]["w"].item() == 7.0
     assert transport.received == [(1, "fake://meta", 20)]
     assert manager.current_step() == 21 and manager.batches_committed() == 41
+    manager.shutdown()
+
+
+def test_a_healer_uses_the_metadata_the_quorum_carried_without_calling_the_source() -> None:
+    def no_call(addr: str) -> Any:
+        raise AssertionError(f"connected to {addr} although the quorum carried the metadata")
+
+    payload = {"user": {}, "torchft": {"step": 20, "batches_committed": 40}}
+    manager, _, transport, _ = make(
+        [result(max_step=20, max_rank=None, max_world=1, heal=True, src=1, src_metadata="q://m")],
+        transport=FakeTransport(payload),
+        connect_manager=no_call,
+    )
+    manager.start_quorum()
+    assert manager.should_commit()
+    assert transport.received == [(1, "q://m", 20)]
     manager.shutdown()
 
 
