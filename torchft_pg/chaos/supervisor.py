@@ -71,6 +71,11 @@ class ChaosReport:
     )  # restarted replica: Manager construction
     # restarted replica: from Manager ready to its first commit (quorum, heal, one step)
     ready_to_commit_s: list[float] = field(default_factory=list)
+    # ... of which: waiting for its quorum (the survivors finishing their step),
+    # reconfiguring the PG, healing (Manager.last_quorum_timings, summed to the first commit)
+    join_quorum_s: list[float] = field(default_factory=list)
+    join_configure_s: list[float] = field(default_factory=list)
+    join_heal_s: list[float] = field(default_factory=list)
     quorum_ids: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     wall_s: float = 0.0
@@ -251,6 +256,11 @@ class _Run:
             elif rank.incarnation == 0 and all(r.ready for r in self.ranks if r.incarnation == 0):
                 for store in self.stores.values():
                     store.set(GO_KEY, "1")  # every first incarnation starts together
+        elif kind == "join":
+            if event[2] == 0:
+                self.report.join_quorum_s.append(event[4])
+                self.report.join_configure_s.append(event[5])
+                self.report.join_heal_s.append(event[6])
         elif kind == "done":
             _, replica, group_rank, _inc, step, checksum, _at = event
             rank.done = True

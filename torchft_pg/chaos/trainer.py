@@ -194,6 +194,8 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
         timeout=timedelta(seconds=120),
     ).wait([GO_KEY])
     fired = set(config.fired)
+    joining = config.incarnation > 0  # a restart: report where its first commit's time went
+    join_quorum_s = join_configure_s = join_heal_s = 0.0
     try:
         while not _finished(manager, config):
             step = manager.current_step()
@@ -230,6 +232,25 @@ def _train(config: TrainerConfig, events: Any, started: float) -> None:
             )  # after the quorum and any heal: the step being voted on
             opt.step()
             committed = manager.current_step() > before
+            timings = manager.last_quorum_timings()
+            if joining and timings is not None:
+                join_quorum_s += timings.quorum_s
+                join_configure_s += timings.configure_s
+                join_heal_s += timings.heal_s
+                if committed:
+                    joining = False
+                    events.put(
+                        (
+                            "join",
+                            config.replica,
+                            config.group_rank,
+                            config.incarnation,
+                            join_quorum_s,
+                            join_configure_s,
+                            join_heal_s,
+                            time.time(),
+                        )
+                    )
             epoch, quorum_id = manager.quorum_id()
             events.put(
                 (
