@@ -59,6 +59,9 @@ def _step_times(ctx: RankContext) -> dict[str, list[float]]:
     from torchft_pg.optim import OptimizerWrapper
 
     lighthouse, rounds, steps = ctx.args
+    # one compute thread per process, as torchrun sets (OMP_NUM_THREADS=1) when it
+    # starts several: 2 processes x 2 threads would oversubscribe the 2 cores
+    torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", store=dist.PrefixStore("plain", ctx.store), rank=ctx.rank, world_size=ctx.world_size
     )
@@ -84,7 +87,7 @@ def _step_times(ctx: RankContext) -> dict[str, list[float]]:
 
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(ctx.rank))
     y = x.sum(dim=1, keepdim=True)
-    out: dict[str, list[float]] = {"plain": [], "manager": []}
+    out: dict[str, list[float]] = {"plain": [], "manager": [], "plain_cpu": [], "manager_cpu": []}
 
     def plain_step() -> None:
         plain_opt.zero_grad()
@@ -98,13 +101,16 @@ def _step_times(ctx: RankContext) -> dict[str, list[float]]:
 
     for fn in (plain_step, ft_step, plain_step, ft_step):  # warm-up
         fn()
+    modes = [("plain", plain_step), ("manager", ft_step)]
     for r in range(rounds):
-        for name, fn in (("plain", plain_step), ("manager", ft_step)):
+        for name, fn in modes if r % 2 == 0 else modes[::-1]:  # alternate: no drift bias
             ctx.barrier(f"{name}/{r}")
+            cpu = time.process_time()
             start = time.perf_counter()
             for _ in range(steps):
                 fn()
             out[name].append((time.perf_counter() - start) / steps)
+            out[f"{name}_cpu"].append((time.process_time() - cpu) / steps)
     manager.shutdown()
     dist.destroy_process_group()
     return out
@@ -200,17 +206,23 @@ def main() -> None:
 
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=1000)
     try:
-        rounds, steps = (2, 10) if args.quick else (4, 20)
+        rounds, steps = (4, 10) if args.quick else (12, 10)
         per_rank = run_ranks(_step_times, 2, lh.address(), rounds, steps, timeout=600)
-        plain = med(per_rank[0]["plain"])
-        managed = med(per_rank[0]["manager"])
-        overhead = managed / plain - 1
+        r0 = per_rank[0]
+        plain = med(r0["plain"])
+        managed = med(r0["manager"])
+        # the median of each round's paired ratio: adjacent rounds share the
+        # machine's mood, which moves by more than the overhead between minutes
+        overhead = med(m / p for m, p in zip(r0["manager"], r0["plain"], strict=True)) - 1
+        cpu_plain, cpu_managed = med(r0["plain_cpu"]), med(r0["manager_cpu"])
         print(
-            f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} rounds x {steps} steps, median)"
+            f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} alternating rounds x "
+            f"{steps} steps, median)"
         )
-        print(f"  plain torch DDP (Gloo)    {plain * 1e3:8.2f} ms")
+        print(f"  plain torch DDP (Gloo)    {plain * 1e3:8.2f} ms   CPU {cpu_plain * 1e3:6.2f} ms")
         print(
-            f"  torchft_pg Manager + DDP  {managed * 1e3:8.2f} ms   overhead {overhead * 100:+.1f}%"
+            f"  torchft_pg Manager + DDP  {managed * 1e3:8.2f} ms   CPU {cpu_managed * 1e3:6.2f} ms"
+            f"   overhead {overhead * 100:+.1f}% (median of paired rounds)"
         )
     finally:
         lh.shutdown()
