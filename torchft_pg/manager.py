@@ -101,6 +101,13 @@ class Manager:
     `client` (this group's manager server), `connect_manager` (address ->
     client of a healing source's server), `checkpoint_transport` and `clock`
     can be injected: unit tests pass fakes, and then no server or store starts.
+
+    Without an injected client the constructor only checks its arguments and
+    returns; connecting (manager server, lighthouse, group store) runs in the
+    background, and the first `start_quorum` waits for it and raises its error
+    (e.g. `LighthouseUnavailableError` after `connect_timeout`). A client with
+    `quorum_async` (rank 0's in-process one) lets a steady-state quorum finish
+    without a thread hop.
     """
 
     def __init__(
