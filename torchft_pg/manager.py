@@ -253,22 +253,22 @@ class Manager:
         timeout = timeout or self._quorum_timeout
         self._wait_connected()
         self._quorum_requested = time.perf_counter()
+        done: ThreadFuture[None] = ThreadFuture()
+        self._quorum_future = done
+        args = self._quorum_args(shrink_only, timeout)
         quorum_async = getattr(self._client, "quorum_async", None)
-        if quorum_async is None:
-            self._quorum_future = self._executor.submit(
-                self._sync_quorum, allow_heal, shrink_only, timeout
+        try:
+            pending = (
+                quorum_async(*args)
+                if quorum_async is not None
+                else self._executor.submit(self._client.quorum, *args)
             )
+        except Exception as e:
+            done.set_exception(e)
         else:
-            done: ThreadFuture[None] = ThreadFuture()
-            self._quorum_future = done
-            try:
-                pending = quorum_async(*self._quorum_args(shrink_only, timeout))
-            except Exception as e:
-                done.set_exception(e)
-            else:
-                pending.add_done_callback(
-                    lambda f: self._on_quorum_result(f, done, allow_heal, timeout)
-                )
+            pending.add_done_callback(
+                lambda f: self._on_quorum_result(f, done, allow_heal, timeout)
+            )
         if not self._use_async_quorum:
             self.wait_quorum()
             self._apply_pending_state()
@@ -290,11 +290,6 @@ class Manager:
             self._step_time_ms,
         )
 
-    def _sync_quorum(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
-        """The quorum on the quorum thread, for clients without `quorum_async`."""
-        result = self._client.quorum(*self._quorum_args(shrink_only, timeout))
-        self._finish_quorum(result, allow_heal, timeout)
-
     def _on_quorum_result(
         self,
         pending: ThreadFuture[QuorumResult],
@@ -302,10 +297,11 @@ class Manager:
         allow_heal: bool,
         timeout: timedelta,
     ) -> None:
-        """Runs where the result arrives (the manager server's loop). In the steady
-        state (same quorum, nothing to heal) the step's quorum is finished right
-        here, with no thread hop; a reconfiguration or heal, which block, go to
-        the quorum thread."""
+        """Runs where the result arrives: the manager server's loop for a client
+        with `quorum_async` (rank 0's), else the quorum thread that called
+        `quorum`. In the steady state (same quorum, nothing to heal) the step's
+        quorum is finished right there; a reconfiguration or heal, which block,
+        go to the quorum thread."""
         try:
             result = pending.result()
         except BaseException as e:
