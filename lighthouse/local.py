@@ -42,9 +42,6 @@ class LocalFailureSubscription:
         self._server = server
         self._callback = callback
         self._queue: queue.SimpleQueue[FailureNotice | None] = queue.SimpleQueue()
-        self.ready = threading.Event()
-        self.ready.set()  # in-process: live from the start
-        self.epoch = server.lighthouse_epoch
         self._thread = threading.Thread(target=self._run, name="failure-notices", daemon=True)
         self._thread.start()
         server.add_local_watcher(self._queue.put)
@@ -57,7 +54,9 @@ class LocalFailureSubscription:
                 log.exception("failure-notice callback raised")
 
     def wait_ready(self, timeout: timedelta) -> bool:
-        return self.ready.wait(_seconds("timeout", timeout))
+        """Always True: in-process, the subscription is live from the start."""
+        _seconds("timeout", timeout)
+        return True
 
     def cancel(self) -> None:
         """Stop receiving notices (waits at most 5 s for the delivery thread)."""
