@@ -89,6 +89,8 @@ class FailureNotice:
     """ "These members of quorum ``(epoch, quorum_id)`` died", pushed to survivors.
 
     ``detected_unix_ms`` is the wall clock of detection in milliseconds.
+    ``step``: only that step's collectives must fail (a manager server sets it
+    when a recalled lease strands a leased step); None: any step on the quorum.
     """
 
     epoch: str
@@ -96,3 +98,20 @@ class FailureNotice:
     dead_replica_ids: tuple[str, ...]
     reason: str = ""
     detected_unix_ms: int = 0
+    step: int | None = None
+
+
+@dataclass(frozen=True)
+class LeaseRecall:
+    """ "Stop running on lease ``lease_id`` of quorum ``quorum_id``; ask again."
+
+    ``absent_replica_ids`` run no collectives on the lease any more (waiting at
+    the lighthouse, or stalled); a holder whose leased step is at or above
+    ``abort_from_step`` must fail that step now (-1: fail nothing).
+    """
+
+    epoch: str
+    lease_id: int
+    quorum_id: int
+    absent_replica_ids: tuple[str, ...] = ()
+    abort_from_step: int = -1

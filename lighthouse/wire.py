@@ -10,7 +10,7 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 
 from lighthouse._gen import lighthouse_pb2 as pb
-from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
+from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember, QuorumResult
 
 LIGHTHOUSE_SERVICE = "torchft_pg.LighthouseService"
 MANAGER_SERVICE = "torchft_pg.ManagerService"
@@ -80,9 +80,10 @@ def decode_lighthouse_quorum_request(data: bytes) -> QuorumMember:
     return _member_from_pb(req.requester)
 
 
-def encode_lighthouse_quorum_response(q: Quorum) -> bytes:
-    """Serialize once; the server sends the same bytes to every member."""
-    resp = pb.LighthouseQuorumResponse()
+def encode_lighthouse_quorum_response(q: Quorum, lease_id: int = 0) -> bytes:
+    """Serialize once; the server sends the same bytes to every member.
+    ``lease_id`` > 0 grants a quorum lease (see the proto)."""
+    resp = pb.LighthouseQuorumResponse(lease_id=lease_id)
     resp.quorum.quorum_id = q.quorum_id
     resp.quorum.epoch = q.epoch
     resp.quorum.created_unix_ms = q.created_unix_ms
@@ -92,9 +93,14 @@ def encode_lighthouse_quorum_response(q: Quorum) -> bytes:
 
 
 def decode_lighthouse_quorum_response(data: bytes) -> Quorum:
+    return decode_leased_quorum_response(data)[0]
+
+
+def decode_leased_quorum_response(data: bytes) -> tuple[Quorum, int]:
+    """(quorum, lease id); lease id 0 = no lease."""
     resp = _parse(pb.LighthouseQuorumResponse, data)
     assert isinstance(resp, pb.LighthouseQuorumResponse)
-    return _quorum_from_pb(resp.quorum)
+    return _quorum_from_pb(resp.quorum), resp.lease_id
 
 
 def peek_quorum_id(data: bytes) -> tuple[str, int, int]:
@@ -125,15 +131,25 @@ def decode_heartbeat_response(data: bytes) -> str:
     return resp.epoch
 
 
-def encode_liveness_ping(replica_id: str, leaving: bool = False) -> bytes:
-    return pb.LivenessPing(replica_id=replica_id, leaving=leaving).SerializeToString()
+def encode_liveness_ping(
+    replica_id: str, leaving: bool = False, step: int = 0, step_time_ms: float = 0.0
+) -> bytes:
+    return pb.LivenessPing(
+        replica_id=replica_id, leaving=leaving, step=step, step_time_ms=step_time_ms
+    ).SerializeToString()
 
 
 def decode_liveness_ping(data: bytes) -> tuple[str, bool]:
     """(replica id, leaving): leaving means a clean shutdown, not a death."""
+    replica_id, leaving, _, _ = decode_liveness_ping_progress(data)
+    return replica_id, leaving
+
+
+def decode_liveness_ping_progress(data: bytes) -> tuple[str, bool, int, float]:
+    """(replica id, leaving, step, step time ms) of a liveness ping."""
     ping = _parse(pb.LivenessPing, data)
     assert isinstance(ping, pb.LivenessPing)
-    return ping.replica_id, ping.leaving
+    return ping.replica_id, ping.leaving, ping.step, ping.step_time_ms
 
 
 def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:
@@ -142,6 +158,8 @@ def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:
     out.dead_replica_ids.extend(n.dead_replica_ids)
     out.reason = n.reason
     out.detected_unix_ms = n.detected_unix_ms
+    if n.step is not None:
+        out.step = n.step
 
 
 def _notice_from_pb(p: pb.FailureNotice) -> FailureNotice:
@@ -151,21 +169,37 @@ def _notice_from_pb(p: pb.FailureNotice) -> FailureNotice:
         dead_replica_ids=tuple(p.dead_replica_ids),
         reason=p.reason,
         detected_unix_ms=p.detected_unix_ms,
+        step=p.step if p.HasField("step") else None,
     )
 
 
-def encode_liveness_event(epoch: str, notice: FailureNotice | None = None) -> bytes:
-    """An acknowledgement (``notice`` None) or a failure notice on the liveness stream."""
+def encode_liveness_event(
+    epoch: str, notice: FailureNotice | None = None, recall: LeaseRecall | None = None
+) -> bytes:
+    """An acknowledgement (neither), a failure notice or a lease recall on the liveness stream."""
     ev = pb.LivenessEvent(epoch=epoch)
     if notice is not None:
         _notice_to_pb(notice, ev.failure)
+    if recall is not None:
+        ev.recall.lease_id = recall.lease_id
+        ev.recall.quorum_id = recall.quorum_id
+        ev.recall.absent_replica_ids.extend(recall.absent_replica_ids)
+        ev.recall.abort_from_step = recall.abort_from_step
     return ev.SerializeToString()
 
 
-def decode_liveness_event(data: bytes) -> tuple[str, FailureNotice | None]:
+def decode_liveness_event(data: bytes) -> tuple[str, FailureNotice | LeaseRecall | None]:
+    """(epoch, the failure notice or lease recall it carries, or None for an acknowledgement)."""
     ev = _parse(pb.LivenessEvent, data)
     assert isinstance(ev, pb.LivenessEvent)
-    return ev.epoch, (_notice_from_pb(ev.failure) if ev.HasField("failure") else None)
+    if ev.HasField("failure"):
+        return ev.epoch, _notice_from_pb(ev.failure)
+    if ev.HasField("recall"):
+        r = ev.recall
+        return ev.epoch, LeaseRecall(
+            ev.epoch, r.lease_id, r.quorum_id, tuple(r.absent_replica_ids), r.abort_from_step
+        )
+    return ev.epoch, None
 
 
 def encode_failure_notice(n: FailureNotice) -> bytes:

@@ -49,10 +49,12 @@ class LighthouseQuorumRequest(_message.Message):
     def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ...) -> None: ...
 
 class LighthouseQuorumResponse(_message.Message):
-    __slots__ = ("quorum",)
+    __slots__ = ("quorum", "lease_id")
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     quorum: Quorum
-    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ...) -> None: ...
+    lease_id: int
+    def __init__(self, quorum: _Optional[_Union[Quorum, _Mapping]] = ..., lease_id: _Optional[int] = ...) -> None: ...
 
 class LighthouseHeartbeatRequest(_message.Message):
     __slots__ = ("replica_id",)
@@ -67,34 +69,54 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, epoch: _Optional[str] = ...) -> None: ...
 
 class LivenessPing(_message.Message):
-    __slots__ = ("replica_id", "leaving")
+    __slots__ = ("replica_id", "leaving", "step", "step_time_ms")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     leaving: bool
-    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ...) -> None: ...
+    step: int
+    step_time_ms: float
+    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ..., step: _Optional[int] = ..., step_time_ms: _Optional[float] = ...) -> None: ...
 
 class FailureNotice(_message.Message):
-    __slots__ = ("epoch", "quorum_id", "dead_replica_ids", "reason", "detected_unix_ms")
+    __slots__ = ("epoch", "quorum_id", "dead_replica_ids", "reason", "detected_unix_ms", "step")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     DEAD_REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETECTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     epoch: str
     quorum_id: int
     dead_replica_ids: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     detected_unix_ms: int
-    def __init__(self, epoch: _Optional[str] = ..., quorum_id: _Optional[int] = ..., dead_replica_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., detected_unix_ms: _Optional[int] = ...) -> None: ...
+    step: int
+    def __init__(self, epoch: _Optional[str] = ..., quorum_id: _Optional[int] = ..., dead_replica_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., detected_unix_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
+class LeaseRecall(_message.Message):
+    __slots__ = ("lease_id", "quorum_id", "absent_replica_ids", "abort_from_step")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    ABSENT_REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    quorum_id: int
+    absent_replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    abort_from_step: int
+    def __init__(self, lease_id: _Optional[int] = ..., quorum_id: _Optional[int] = ..., absent_replica_ids: _Optional[_Iterable[str]] = ..., abort_from_step: _Optional[int] = ...) -> None: ...
 
 class LivenessEvent(_message.Message):
-    __slots__ = ("epoch", "failure")
+    __slots__ = ("epoch", "failure", "recall")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
+    RECALL_FIELD_NUMBER: _ClassVar[int]
     epoch: str
     failure: FailureNotice
-    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ...) -> None: ...
+    recall: LeaseRecall
+    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
     __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms")
