@@ -6,7 +6,7 @@ Public API::
     LighthouseClient   quorum(...) and heartbeat(...) against a lighthouse
     ManagerServer      one per replica group (group rank 0): gathers local ranks, commit vote
     ManagerClient      every rank: quorum(...), should_commit(...), subscribe_failures(...)
-    Quorum, QuorumMember, QuorumResult, FailureNotice   frozen value types
+    Quorum, QuorumMember, QuorumResult, FailureNotice, LeaseRecall   frozen value types
 """
 
 from lighthouse.client import FailureSubscription, LighthouseClient, ManagerClient
@@ -22,7 +22,7 @@ from lighthouse.manager_server import ManagerServer
 from lighthouse.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
 from lighthouse.ranks import compute_quorum_result
 from lighthouse.server import LighthouseServer
-from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
+from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember, QuorumResult
 
 __all__ = [
     "Clock",
@@ -31,6 +31,7 @@ __all__ = [
     "FailureSubscription",
     "FakeClock",
     "FaultToleranceError",
+    "LeaseRecall",
     "LighthouseClient",
     "LighthouseServer",
     "LighthouseUnavailableError",

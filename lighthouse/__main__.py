@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-ms", type=int, default=DEFAULT_HEARTBEAT_TIMEOUT_MS,
                    help="milliseconds of silence before a replica is declared dead "
                         "(a closed liveness stream declares it dead at once)")
+    p.add_argument("--no-quorum-lease", action="store_true",
+                   help="grant no quorum leases: every step is a full quorum round")
     p.add_argument("--http-bind", default=DEFAULT_HTTP_BIND,
                    help="dashboard, /status and /metrics host:port; 'none' to disable")
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             join_timeout_ms=args.join_timeout_ms,
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+            quorum_lease=not args.no_quorum_lease,
             http_bind=None if args.http_bind.lower() == "none" else args.http_bind,
             hostname=args.hostname,
         )

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 from lighthouse import wire
 from lighthouse.clock import Clock
+from lighthouse.lease import QuorumLease
 from lighthouse.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
-from lighthouse.types import FailureNotice, QuorumMember
+from lighthouse.types import FailureNotice, LeaseRecall, QuorumMember
 
 log = logging.getLogger("lighthouse")
 
@@ -58,6 +59,7 @@ class LighthouseCore:
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
+        self.lease = QuorumLease()
         self._last_wait_log = clock.now()
 
     # -- requests ----------------------------------------------------------------------
@@ -72,6 +74,10 @@ class LighthouseCore:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiters[rid] = fut
         self.state.request(member, self.clock.now())
+        self.lease.asked(rid)
+        if self.lease.holders:
+            waiting = [p.member for p in self.state.pending.values()]
+            self._send_recall(self.lease.recall_for_ask(self.epoch, waiting))
         self.evaluate()
         return fut
 
@@ -85,6 +91,30 @@ class LighthouseCore:
     def heartbeat(self, replica_id: str) -> None:
         """A sign of life from ``replica_id``."""
         self.state.heartbeat(replica_id, self.clock.now())
+
+    def progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
+        """A liveness ping: a sign of life and the step of the replica's latest round."""
+        now = self.clock.now()
+        self.state.heartbeat(replica_id, now)
+        self.state.report_progress(replica_id, step, step_time_ms)
+        self.lease.progress(replica_id, step, now)
+
+    def _send_recall(self, recall: LeaseRecall | None, to: list[str] | None = None) -> None:
+        """Push ``recall`` to the lease holders (or ``to``) on their liveness streams."""
+        if recall is None:
+            return
+        payload = wire.encode_liveness_event(self.epoch, recall=recall)
+        for rid in self.lease.holders if to is None else to:
+            for q in self.streams.get(rid, ()):
+                q.put_nowait(payload)
+        log.info(
+            "recalled lease %d of quorum %s/%d (absent %s, failing leased steps >= %d)",
+            recall.lease_id,
+            self.epoch,
+            recall.quorum_id,
+            list(recall.absent_replica_ids),
+            recall.abort_from_step,
+        )
 
     # -- liveness streams ----------------------------------------------------------------
     def stream_opened(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
@@ -108,16 +138,19 @@ class LighthouseCore:
         del self.streams[replica_id]
         if replica_id in self.leaving:
             self.leaving.discard(replica_id)
+            self._send_recall(self.lease.recall_for_leave(self.epoch, replica_id))
             if self.state.forget(replica_id):
                 log.info("replica %s left (clean shutdown)", replica_id)
                 self.evaluate()
             return
+        self.lease.asked(replica_id)  # dead: its peers hear it from the failure notice
         if self.state.forget(replica_id):
             self._declared_dead([replica_id], "liveness stream closed")
 
     def _declared_dead(self, dead: list[str], reason: str) -> None:
         """Fail their pending requests, notify the survivors, re-decide."""
         for rid in dead:
+            self.lease.asked(rid)
             fut = self.waiters.pop(rid, None)
             if fut is not None and not fut.done():
                 fut.set_exception(SupersededError(f"replica {rid!r} was declared dead: {reason}"))
@@ -161,6 +194,7 @@ class LighthouseCore:
         else:
             self.evaluate()
         now = self.clock.now()
+        self._send_recall(self.lease.recall_for_stall(self.epoch, now, self.config.join_timeout_s))
         if (
             self.decision.members is None
             and self.state.pending
@@ -203,7 +237,16 @@ class LighthouseCore:
         quorum = self.state.issue(d.members, now, _unix_ms())
         self.quorums_issued += 1
         self._log_step_times(quorum, now)
-        payload = wire.encode_lighthouse_quorum_response(quorum)
+        if self.lease.holders:  # holders the join timeout left out: their peers moved on
+            left_out = list(self.lease.holders)
+            self._send_recall(self.lease.recall_excluded(self.epoch), to=left_out)
+        lease_id = 0
+        if self.config.lease and not self.state.pending:
+            lease_id = self.quorums_issued
+            self.lease.grant(lease_id, quorum, now)
+        else:
+            self.lease.clear()
+        payload = wire.encode_lighthouse_quorum_response(quorum, lease_id)
         for m in d.members:
             fut = self.waiters.pop(m.replica_id, None)
             if fut is not None and not fut.done():

@@ -33,7 +33,7 @@ is cancelled and withdrawn by the server).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lighthouse.types import Quorum, QuorumMember
 
@@ -45,11 +45,16 @@ DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
 
 @dataclass(frozen=True)
 class QuorumConfig:
-    """Quorum parameters. Times are in seconds (the clock's unit)."""
+    """Quorum parameters. Times are in seconds (the clock's unit).
+
+    ``lease``: grant quorum leases (see ``lighthouse.lease``), so that members
+    skip the lighthouse on steps where nothing changes.
+    """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_MS / 1000
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
+    lease: bool = True
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -112,6 +117,13 @@ class QuorumState:
             self.prev_pending += 1
         if member.shrink_only:
             self.shrink_pending += 1
+
+    def report_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
+        """A live replica running on a lease reached ``step``: rule 5 and the step
+        report see it as if it had asked at that step."""
+        m = self.last_member.get(replica_id)
+        if m is not None and step > m.step:
+            self.last_member[replica_id] = replace(m, step=step, step_time_ms=step_time_ms)
 
     def withdraw(self, replica_id: str) -> bool:
         """Drop ``replica_id``'s pending request (cancelled). True if there was one."""

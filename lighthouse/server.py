@@ -83,6 +83,9 @@ class LighthouseServer:
         heartbeat_timeout_ms: milliseconds of silence after which a replica
             without a pending request is declared dead (fallback; a closed
             liveness stream declares it dead at once).
+        quorum_lease: grant quorum leases, so members skip the lighthouse on
+            steps where nothing changes (``lighthouse.lease``); False makes every
+            step a full quorum round, as in torchft.
         http_bind: ``host:port`` for the dashboard, ``/status`` and ``/metrics``;
             None serves no HTTP.
         hostname: host to advertise in ``address()``; default: the bind host,
@@ -98,6 +101,7 @@ class LighthouseServer:
         join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
         quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
         heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        quorum_lease: bool = True,
         http_bind: str | None = None,
         hostname: str | None = None,
         clock: Clock | None = None,
@@ -109,6 +113,7 @@ class LighthouseServer:
             min_replicas=min_replicas,
             join_timeout_s=join_timeout_ms / 1000,
             heartbeat_timeout_s=heartbeat_timeout_ms / 1000,
+            lease=quorum_lease,
         )
         self._tick_s = quorum_tick_ms / 1000
         bind_host, _ = split_host_port(bind, "bind")
@@ -127,13 +132,14 @@ class LighthouseServer:
             )
         log.info(
             "lighthouse epoch %s serving on %s (min_replicas=%d, join_timeout_ms=%d, "
-            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d)%s",
+            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d, quorum_lease=%s)%s",
             self.epoch,
             self.address(),
             min_replicas,
             join_timeout_ms,
             quorum_tick_ms,
             heartbeat_timeout_ms,
+            quorum_lease,
             f", status on {self.http_address()}" if self._http else "",
         )
 
@@ -295,7 +301,7 @@ class LighthouseServer:
             if msg is grpc.aio.EOF:
                 return
             assert isinstance(msg, bytes)
-            got, leaving = wire.decode_liveness_ping(msg)
+            got, leaving, step, step_time_ms = wire.decode_liveness_ping_progress(msg)
             if got and got != rid:
                 raise ValueError(
                     f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
@@ -303,4 +309,4 @@ class LighthouseServer:
             if leaving:
                 self.core.replica_leaving(rid)
                 return  # ends the stream; stream_closed() forgets it quietly
-            self.core.heartbeat(rid)
+            self.core.progress(rid, step, step_time_ms)

@@ -1,0 +1,103 @@
+"""Pure: the lighthouse's record of the outstanding quorum lease, and when to recall it.
+
+A quorum lease lets the members of a quorum run their following steps without
+asking the lighthouse, which takes the per-step round trip (the largest part
+of the fault-tolerance cost per step) off every step where nothing changes.
+The lighthouse grants one when a quorum leaves nobody waiting, and recalls it,
+on the holders' liveness streams, when:
+
+- anyone else asks for a quorum: a joiner (nobody's collectives are stranded,
+  the holders come at their next step), or a member that left the lease (a
+  failed step, a broken stream). That member runs no collectives any more, so
+  a holder already in a leased step at or above the member's step would wait
+  for it forever: the recall tells such a holder to fail that step now;
+- a holder stalls: another holder's leased step has been ahead of it for the
+  join timeout (the holders ahead are stuck in collectives waiting for it);
+- a holder leaves cleanly (a death is told by the failure notice instead);
+- a quorum issued at the join timeout leaves holders out.
+
+Recalls are sent when their content changes, so a burst of asks costs one
+message per holder per change. Steps come from the holders' liveness pings.
+"""
+
+from __future__ import annotations
+
+from lighthouse.types import LeaseRecall, Quorum, QuorumMember
+
+
+class QuorumLease:
+    """The one outstanding lease (or none: ``lease_id`` 0). Times in seconds."""
+
+    def __init__(self) -> None:
+        self.lease_id = 0
+        self.quorum_id = 0
+        self.members: frozenset[str] = frozenset()
+        self.holders: dict[str, int] = {}  # holder -> step of its latest round
+        self._top = 0  # the highest step a holder reported
+        self._top_since = 0.0  # when a holder first reported it
+        self._sent: tuple[int, tuple[str, ...], int] | None = None
+
+    def grant(self, lease_id: int, quorum: Quorum, now: float) -> None:
+        """Lease ``quorum`` to all its members (replacing any older lease)."""
+        self.lease_id = lease_id
+        self.quorum_id = quorum.quorum_id
+        self.members = frozenset(m.replica_id for m in quorum.participants)
+        self.holders = {m.replica_id: m.step for m in quorum.participants}
+        self._top = max(self.holders.values(), default=0)
+        self._top_since = now
+        self._sent = None
+
+    def clear(self) -> None:
+        self.lease_id = 0
+        self.holders = {}
+        self.members = frozenset()
+
+    def asked(self, replica_id: str) -> None:
+        """``replica_id`` asked for a quorum: it no longer runs on the lease."""
+        self.holders.pop(replica_id, None)
+
+    def progress(self, replica_id: str, step: int, now: float) -> None:
+        """A holder's liveness ping reports its latest round at ``step``."""
+        if replica_id in self.holders:
+            self.holders[replica_id] = step
+            if step > self._top:
+                self._top, self._top_since = step, now
+
+    def recall_for_ask(self, epoch: str, waiting: list[QuorumMember]) -> LeaseRecall | None:
+        """The recall due now that someone asked; ``waiting`` are the pending requests.
+        None if there is no holder left or the holders were already told the same."""
+        if not self.holders:
+            return None
+        absent = sorted((m.step, m.replica_id) for m in waiting if m.replica_id in self.members)
+        abort_from = absent[0][0] if absent else -1
+        return self._once(epoch, tuple(sorted(rid for _, rid in absent)), abort_from)
+
+    def recall_for_stall(self, epoch: str, now: float, join_timeout_s: float) -> LeaseRecall | None:
+        """A recall if a holder has been behind another for ``join_timeout_s`` seconds."""
+        if not self.holders or now - self._top_since < join_timeout_s:
+            return None
+        behind = tuple(sorted(rid for rid, step in self.holders.items() if step < self._top))
+        if not behind:
+            return None
+        return self._once(epoch, behind, self._top)
+
+    def recall_for_leave(self, epoch: str, replica_id: str) -> LeaseRecall | None:
+        """``replica_id`` left cleanly while holding the lease: fail leased steps from
+        its last one (it may have left mid-step) and make the others ask."""
+        step = self.holders.pop(replica_id, None)
+        if step is None or not self.holders:
+            return None
+        return self._once(epoch, (replica_id,), step)
+
+    def recall_excluded(self, epoch: str) -> LeaseRecall | None:
+        """For holders left out of a new quorum: fail any leased step (their peers left)."""
+        if not self.holders:
+            return None
+        return LeaseRecall(epoch, self.lease_id, self.quorum_id, (), 0)
+
+    def _once(self, epoch: str, absent: tuple[str, ...], abort_from: int) -> LeaseRecall | None:
+        key = (self.lease_id, absent, abort_from)
+        if key == self._sent:
+            return None
+        self._sent = key
+        return LeaseRecall(epoch, self.lease_id, self.quorum_id, absent, abort_from)

@@ -1,0 +1,136 @@
+"""Quorum leases without sockets: the pure ``QuorumLease`` and the core's recalls (fake clock)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from lighthouse import wire
+from lighthouse.clock import FakeClock
+from lighthouse.core import LighthouseCore
+from lighthouse.lease import QuorumLease
+from lighthouse.quorum import QuorumConfig
+from lighthouse.types import LeaseRecall, Quorum, QuorumMember
+
+
+def quorum(steps: dict[str, int], quorum_id: int = 4) -> Quorum:
+    return Quorum(quorum_id, "ep", tuple(QuorumMember(r, step=s) for r, s in sorted(steps.items())))
+
+
+def test_an_ask_recalls_and_fails_leased_steps_from_the_lowest_waiting_member() -> None:
+    lease = QuorumLease()
+    lease.grant(7, quorum({"a": 10, "b": 10, "c": 10}), now=0.0)
+    lease.asked("c")
+    waiting = [QuorumMember("c", step=11), QuorumMember("joiner", step=0)]
+    assert lease.recall_for_ask("ep", waiting) == LeaseRecall("ep", 7, 4, ("c",), 11)
+    assert lease.recall_for_ask("ep", waiting) is None  # the holders were told already
+    lease.asked("b")
+    waiting.append(QuorumMember("b", step=12))
+    assert lease.recall_for_ask("ep", waiting) == LeaseRecall("ep", 7, 4, ("b", "c"), 11)
+    lease.asked("a")
+    assert lease.recall_for_ask("ep", waiting) is None  # no holder left to tell
+
+
+def test_a_joiner_alone_recalls_without_failing_any_step() -> None:
+    lease = QuorumLease()
+    lease.grant(1, quorum({"a": 3, "b": 3}), now=0.0)
+    assert lease.recall_for_ask("ep", [QuorumMember("new", step=0)]) == LeaseRecall(
+        "ep", 1, 4, (), -1
+    )
+
+
+def test_a_holder_behind_the_others_for_the_join_timeout_is_a_stall() -> None:
+    lease = QuorumLease()
+    lease.grant(2, quorum({"a": 5, "b": 5}), now=0.0)
+    for t, step in ((1.0, 6), (2.0, 7)):  # both progress together: no stall however long
+        lease.progress("a", step, t)
+        lease.progress("b", step, t + 0.05)
+        assert lease.recall_for_stall("ep", t + 0.9, join_timeout_s=0.5) is None
+    lease.progress("a", 8, 3.0)  # b stays at 7: a waits for it in step 8's collectives
+    assert lease.recall_for_stall("ep", 3.4, join_timeout_s=0.5) is None
+    assert lease.recall_for_stall("ep", 3.5, join_timeout_s=0.5) == LeaseRecall(
+        "ep", 2, 4, ("b",), 8
+    )
+    assert lease.recall_for_stall("ep", 3.6, join_timeout_s=0.5) is None  # once
+
+
+def test_a_clean_leave_recalls_from_the_leavers_last_step() -> None:
+    lease = QuorumLease()
+    lease.grant(3, quorum({"a": 5, "b": 5}), now=0.0)
+    lease.progress("b", 9, 1.0)
+    assert lease.recall_for_leave("ep", "b") == LeaseRecall("ep", 3, 4, ("b",), 9)
+    assert lease.recall_for_leave("ep", "a") is None  # the last holder: nobody to tell
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _events(q: asyncio.Queue[bytes]) -> list[object]:
+    out = []
+    while not q.empty():
+        out.append(wire.decode_liveness_event(q.get_nowait())[1])
+    return out
+
+
+def test_core_grants_a_lease_only_when_nobody_is_left_waiting_and_recalls_it() -> None:
+    async def body() -> None:
+        cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
+        core = LighthouseCore(cfg, FakeClock(), "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
+        (q1, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
+        assert lease_id > 0 and q1.replica_ids == ["a", "b"]
+        joiner = core.request(QuorumMember("c", step=0))
+        assert [e for q in queues.values() for e in _events(q)] == [
+            LeaseRecall("ep", lease_id, q1.quorum_id, (), -1)
+        ] * 2
+        fa = core.request(QuorumMember("a", step=4))
+        assert _events(queues["b"]) == [LeaseRecall("ep", lease_id, q1.quorum_id, ("a",), 4)]
+        assert _events(queues["a"]) == []  # a asked: it holds nothing any more
+        fb = core.request(QuorumMember("b", step=4))
+        q2, lease2 = wire.decode_leased_quorum_response(await fb)
+        assert q2.replica_ids == ["a", "b", "c"] and lease2 > lease_id
+        assert (await fa) == (await joiner)
+
+    run(body())
+
+
+def test_core_without_leases_grants_none_and_recalls_nothing() -> None:
+    async def body() -> None:
+        cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, lease=False)
+        core = LighthouseCore(cfg, FakeClock(), "ep")
+        q: asyncio.Queue[bytes] = asyncio.Queue()
+        core.stream_opened("a", q)
+        futs = [core.request(QuorumMember(rid, step=1)) for rid in "ab"]
+        leases = [wire.decode_leased_quorum_response(await f)[1] for f in futs]
+        assert leases == [0, 0]
+        core.request(QuorumMember("c"))
+        assert q.empty()
+
+    run(body())
+
+
+def test_core_recalls_a_stalled_lease_on_its_tick() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        cfg = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=60.0)
+        core = LighthouseCore(cfg, clock, "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
+        lease_id = wire.decode_leased_quorum_response(await futs[0])[1]
+        core.progress("a", 4, 20.0)
+        clock.advance(0.9)
+        core.tick()
+        assert queues["a"].empty()
+        clock.advance(0.2)
+        core.tick()
+        recall = LeaseRecall("ep", lease_id, 1, ("b",), 4)
+        assert _events(queues["a"]) == [recall] == _events(queues["b"])
+        # the ping's step also reaches rule 5 and the step report
+        assert core.state.last_member["a"].step == 4
+
+    run(body())
