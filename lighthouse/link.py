@@ -25,7 +25,7 @@ from lighthouse.errors import (
     QuorumRejectedError,
     QuorumTimeoutError,
 )
-from lighthouse.types import FailureNotice, Quorum, QuorumMember
+from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember
 
 log = logging.getLogger("lighthouse.manager")
 T = TypeVar("T")
@@ -46,7 +46,7 @@ class LighthouseLink:
         heartbeat_s: float,
         connect_s: float,
         retries: int,
-        on_notice: Callable[[FailureNotice], None],
+        on_notice: Callable[[FailureNotice | LeaseRecall], None],
     ) -> None:
         self.replica_id = replica_id
         self._lh_addr = addr
@@ -55,6 +55,11 @@ class LighthouseLink:
         self._retries = retries
         self._on_notice = on_notice
         self.lighthouse_epoch = ""  # epoch of the lighthouse our liveness stream is open to
+        # Bumped whenever the liveness stream opens or breaks: a lease granted under
+        # one generation is void under another (a recall may have been lost).
+        self.generation = 0
+        self.stream_open = False
+        self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
         self._epoch_cond = threading.Condition()
         self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
         self._task: asyncio.Task[None] | None = None
@@ -134,8 +139,10 @@ class LighthouseLink:
                 with self._epoch_cond:
                     self.lighthouse_epoch = epoch
                     self._epoch_cond.notify_all()
+                self.generation += 1
+                self.stream_open = True
                 backoff = 0.05
-                pinger = asyncio.get_running_loop().create_task(self._ping(call, ping))
+                pinger = asyncio.get_running_loop().create_task(self._ping(call))
                 while True:
                     ev = await call.read()
                     if ev is grpc.aio.EOF:
@@ -149,6 +156,9 @@ class LighthouseLink:
                     "%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc
                 )
             finally:
+                if self.stream_open:
+                    self.generation += 1
+                    self.stream_open = False
                 if pinger is not None:
                     pinger.cancel()
                 call.cancel()
@@ -158,13 +168,15 @@ class LighthouseLink:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
-    async def _ping(self, call: Any, ping: bytes) -> None:
+    async def _ping(self, call: Any) -> None:
         while True:
             await asyncio.sleep(self._hb_s)
-            await call.write(ping)
+            step, step_time_ms = self.progress
+            await call.write(wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms))
 
-    async def quorum(self, member: QuorumMember, deadline: float) -> Quorum:
+    async def quorum(self, member: QuorumMember, deadline: float) -> tuple[Quorum, int]:
         """Ask for a quorum; ``deadline`` is in event-loop time (seconds).
+        Returns the quorum and its lease id (0: no lease).
 
         Raises ``QuorumTimeoutError``, ``LighthouseUnavailableError`` (after
         ``connect_s`` of unreachability), ``QuorumRejectedError`` or ``FaultToleranceError``.
@@ -183,7 +195,7 @@ class LighthouseLink:
                 raise timeout
             reply, code, details = await self._ask(payload, remaining)
             if reply is not None:
-                return wire.decode_lighthouse_quorum_response(reply)
+                return wire.decode_leased_quorum_response(reply)
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise timeout
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):

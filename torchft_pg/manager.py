@@ -198,6 +198,7 @@ class Manager:
         self._configuring: tuple[str, int, frozenset[str]] | None = None
         self._inflight: set[ProxyFuture[Any]] = set()
         self._inflight_lock = threading.Lock()
+        self._early_notices: list[FailureNotice] = []  # arrived while a quorum was forming
 
         self._step = 0
         self._batches_committed = 0
@@ -250,6 +251,8 @@ class Manager:
         self._last_start = now
         self._errored = None
         self._healing = False
+        with self._pg_lock:
+            self._early_notices = []  # left over only from a round that failed
         timeout = timeout or self._quorum_timeout
         self._wait_connected()
         self._quorum_requested = time.perf_counter()
@@ -318,6 +321,7 @@ class Manager:
                 done.set_exception(e)
             else:
                 done.set_result(None)
+                self._apply_early_notices()
 
         if steady:
             finish()
@@ -543,13 +547,13 @@ class Manager:
         return ProxyFuture(fut, default, self.report_error, timeout or self._timeout).future
 
     def _on_failure_notice(self, notice: FailureNotice) -> None:
-        """A peer of `notice`'s quorum died: fail this step's collectives on it now.
+        """A peer of `notice`'s quorum died, or (a notice with a step) a recalled
+        quorum lease stranded that step: fail this step's collectives on it now.
 
-        Only a step already running collectives on that quorum is affected. A
-        late notice about an older quorum, or one arriving while this step's
-        quorum is still being formed (the lighthouse already excludes the dead
-        replica), is ignored: reporting it would make this replica skip
-        collectives its new peers are waiting for.
+        Only a step running collectives on that quorum is affected. A notice
+        arriving while this step's quorum is being formed waits for it: a step
+        answered from a lease keeps the quorum id, so the notice may concern
+        it; after a lighthouse round the id is new and the notice is dropped.
         """
         configuring = self._configuring
         if configuring is not None and (notice.epoch, notice.quorum_id) == configuring[:2]:
@@ -562,14 +566,28 @@ class Manager:
         with self._pg_lock:
             quorum = self._quorum_future
             if quorum is None or not quorum.done():
+                self._early_notices.append(notice)
                 return
+        self._apply_notice(notice)
+
+    def _apply_early_notices(self) -> None:
+        with self._pg_lock:
+            notices, self._early_notices = self._early_notices, []
+        for notice in notices:
+            self._apply_notice(notice)
+
+    def _apply_notice(self, notice: FailureNotice) -> None:
+        with self._pg_lock:
             if (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
                 return
+            if notice.step is not None and notice.step != self._step:
+                return  # about a step this rank already finished (or has not begun)
             dead = set(notice.dead_replica_ids) & set(self._participants)
             if not dead:
                 return
+            what = "died" if notice.step is None else f"left the lease at step {notice.step}"
             error = ProcessGroupError(
-                f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} died: {notice.reason}"
+                f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
             )
             self.report_error(error)
             with self._inflight_lock:

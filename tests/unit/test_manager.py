@@ -391,6 +391,42 @@ def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> Non
     manager.shutdown()
 
 
+def test_notice_arriving_while_a_leased_round_forms_fails_that_step() -> None:
+    # a round answered from a quorum lease keeps the quorum id: a death notice
+    # that raced with it concerns the step it starts
+    manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=1, world=3)])
+    manager.start_quorum()
+    manager.wait_quorum()
+    assert manager.should_commit()
+    client.gate = threading.Event()
+    manager.start_quorum()
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    assert manager.errored() is None and pg.aborted == 0  # held until the quorum is taken
+    client.gate.set()
+    manager.wait_quorum()
+    assert "r2" in str(manager.errored()) and pg.aborted == 1
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
+def test_step_scoped_notice_fails_only_that_step() -> None:
+    manager, client, _, pg = make([result(quorum_id=1, world=3)] * 3)
+    manager.start_quorum()
+    manager.wait_quorum()
+    assert manager.should_commit()  # step 0 committed: now at step 1
+    manager.start_quorum()
+    manager.wait_quorum()
+    late = FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), step=0)
+    client.failure_callback(late)  # about a step already committed
+    assert manager.errored() is None and pg.aborted == 0
+    client.failure_callback(
+        FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), step=1)
+    )
+    assert "left the lease at step 1" in str(manager.errored()) and pg.aborted == 1
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
 class BlockingConfigureGroup(SumGroup):
     """configure() waits like a real rendezvous until interrupt_configure()."""
 
