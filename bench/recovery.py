@@ -9,7 +9,8 @@
 2. Per-step cost of the Manager vs plain torch DDP over Gloo, 2 processes,
    same model and data, in alternating rounds (a ratio).
 3. The full `start_quorum` round (quorum RPC through each group's manager
-   server and the lighthouse) with N = 2, 8, 16 one-rank replica groups.
+   server and the lighthouse, leases off) with N = 2, 8, 16 one-rank replica
+   groups, and at N = 16 the round answered from a quorum lease (the default).
 Prints a table and, last, one JSON line.
 
     .venv/bin/python bench/recovery.py [--quick]
@@ -206,7 +207,7 @@ def main() -> None:
 
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=1000)
     try:
-        rounds, steps = (4, 10) if args.quick else (12, 10)
+        rounds, steps = (4, 10) if args.quick else (16, 10)
         per_rank = run_ranks(_step_times, 2, lh.address(), rounds, steps, timeout=600)
         r0 = per_rank[0]
         plain = med(r0["plain"])
@@ -217,7 +218,7 @@ def main() -> None:
         cpu_plain, cpu_managed = med(r0["plain_cpu"]), med(r0["manager_cpu"])
         print(
             f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} alternating rounds x "
-            f"{steps} steps, median)"
+            f"{steps} steps, median; quorum leases on, the default)"
         )
         print(f"  plain torch DDP (Gloo)    {plain * 1e3:8.2f} ms   CPU {cpu_plain * 1e3:6.2f} ms")
         print(
@@ -231,14 +232,19 @@ def main() -> None:
     print(
         "\nstart_quorum round (one-rank replica groups, steady state, median over ranks' medians)"
     )
-    for n in (2, 8) if args.quick else (2, 8, 16):
-        lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=5000)
+    sizes = (2, 8) if args.quick else (2, 8, 16)
+    for n, lease in [(n, False) for n in sizes] + [(sizes[-1], True)]:
+        lh = LighthouseServer(
+            bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=5000, quorum_lease=lease
+        )
         try:
             per = run_ranks(_quorum_rounds, n, lh.address(), 30 if args.quick else 100, timeout=600)
         finally:
             lh.shutdown()
-        quorum_ms[f"n{n}"] = med(med(r) for r in per) * 1e3
-        print(f"  N={n:2d}  {quorum_ms[f'n{n}']:7.2f} ms")
+        key = f"n{n}_leased" if lease else f"n{n}"
+        quorum_ms[key] = med(med(r) for r in per) * 1e3
+        what = "answered from the quorum lease" if lease else "full round through the lighthouse"
+        print(f"  N={n:2d}  {quorum_ms[key]:7.2f} ms   {what}")
 
     # The library's share of a restart: the constructor plus everything from ready to
     # the first commit except the replica's own compute and its wait for the
@@ -271,6 +277,7 @@ def main() -> None:
         "plain_ddp_step_ms": plain * 1e3,
         "manager_step_ms": managed * 1e3,
         "step_overhead_ratio": managed / plain,
+        "step_overhead_paired": overhead,
         "start_quorum_ms": quorum_ms,
         "targets": {
             "kill_to_commit_le_500ms": kill_s <= 0.5,
