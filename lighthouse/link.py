@@ -81,7 +81,20 @@ class LighthouseLink:
         self._lh_quorum_stream = self._channel.stream_stream(base + "QuorumStream")
         self._lh_liveness = self._channel.stream_stream(base + "Liveness")
         self._qlock = asyncio.Lock()
+        self._opened = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._liveness_loop())
+        # Wait for the stream's acknowledgement too: a quorum lease is only taken
+        # over an open stream, and a member without one while its peers hold it
+        # would make them wait for a recall at its first step.
+        try:
+            await asyncio.wait_for(self._opened.wait(), timeout=self._connect_s)
+        except asyncio.TimeoutError:
+            self._task.cancel()
+            await self._channel.close()
+            raise LighthouseUnavailableError(
+                f"lighthouse at {self._lh_addr} did not open a liveness stream within "
+                f"connect_timeout {self._connect_s:g} s"
+            ) from None
 
     async def close(self, leave: bool = True) -> None:
         """Stop pinging and close the channel; with ``leave``, first say this is a
@@ -141,6 +154,7 @@ class LighthouseLink:
                     self._epoch_cond.notify_all()
                 self.generation += 1
                 self.stream_open = True
+                self._opened.set()
                 backoff = 0.05
                 pinger = asyncio.get_running_loop().create_task(self._ping(call))
                 while True:
