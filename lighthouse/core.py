@@ -99,12 +99,12 @@ class LighthouseCore:
         self.state.report_progress(replica_id, step, step_time_ms)
         self.lease.progress(replica_id, step, now)
 
-    def _send_recall(self, recall: LeaseRecall | None, to: list[str] | None = None) -> None:
-        """Push ``recall`` to the lease holders (or ``to``) on their liveness streams."""
+    def _send_recall(self, recall: LeaseRecall | None) -> None:
+        """Push ``recall`` to the lease holders on their liveness streams."""
         if recall is None:
             return
         payload = wire.encode_liveness_event(self.epoch, recall=recall)
-        for rid in self.lease.holders if to is None else to:
+        for rid in self.lease.holders:
             for q in self.streams.get(rid, ()):
                 q.put_nowait(payload)
         log.info(
@@ -237,9 +237,8 @@ class LighthouseCore:
         quorum = self.state.issue(d.members, now, _unix_ms())
         self.quorums_issued += 1
         self._log_step_times(quorum, now)
-        if self.lease.holders:  # holders the join timeout left out: their peers moved on
-            left_out = list(self.lease.holders)
-            self._send_recall(self.lease.recall_excluded(self.epoch), to=left_out)
+        # holders still on the lease were left out at the join timeout: their peers moved on
+        self._send_recall(self.lease.recall_excluded(self.epoch))
         lease_id = 0
         if self.config.lease and not self.state.pending:
             lease_id = self.quorums_issued

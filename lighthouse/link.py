@@ -96,6 +96,11 @@ class LighthouseLink:
                 f"connect_timeout {self._connect_s:g} s"
             ) from None
 
+    @property
+    def open_generation(self) -> int | None:
+        """The liveness stream's generation while it is open; None while it is broken."""
+        return self.generation if self.stream_open else None
+
     async def close(self, leave: bool = True) -> None:
         """Stop pinging and close the channel; with ``leave``, first say this is a
         clean shutdown, so the lighthouse forgets us without telling our peers we

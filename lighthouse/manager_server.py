@@ -21,9 +21,8 @@ import asyncio
 import concurrent.futures
 import logging
 import os
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -37,6 +36,7 @@ from lighthouse.errors import (
     QuorumRejectedError,
     QuorumTimeoutError,
 )
+from lighthouse.lease_holder import LeasedRound, LeaseHolder, leased_result
 from lighthouse.link import LighthouseLink
 from lighthouse.ranks import compute_quorum_result
 from lighthouse.server import advertised_host, grpc_server_options, join_host_port, split_host_port
@@ -56,29 +56,9 @@ class _Gather:
 
     requests: dict[int, dict[str, Any]] = field(default_factory=dict)
     deadlines: dict[int, float] = field(default_factory=dict)  # loop time, seconds
-    future: asyncio.Future[Quorum | _LeasedRound] | None = None
+    future: asyncio.Future[Quorum | LeasedRound] | None = None
     launched: bool = False
     task: asyncio.Task[None] | None = None  # the lighthouse call, kept referenced
-
-
-@dataclass
-class _Lease:
-    """A quorum lease granted by the lighthouse (epoch ``epoch``) to this replica."""
-
-    epoch: str
-    lease_id: int
-    quorum: Quorum  # every participant at one step, so no leased round heals
-    next_step: int  # the step the next leased round must be at
-    generation: int  # the liveness stream's generation when granted
-    results: dict[tuple[int, bool], QuorumResult] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _LeasedRound:
-    """What a round answered from a lease resolves to (instead of a ``Quorum``)."""
-
-    lease: _Lease
-    step: int
 
 
 @dataclass
@@ -141,12 +121,8 @@ class ManagerServer:
         self._gather = _Gather()
         self._vote: _Vote | None = None
         self._last_quorum_step = -1
-        self._lease_: _Lease | None = None
-        self._lease_cond = threading.Condition()
-        self._recalled = ("", 0)  # (lighthouse epoch, highest lease id recalled in it)
-        self._leased_round: _LeasedRound | None = None  # the latest round, if leased
+        self._lease = LeaseHolder()
         self._resolved_step = -1  # the latest step whose commit vote is decided
-        self.leased_rounds = 0  # rounds answered from a lease (telemetry, tests)
         self._metadata: dict[int, str] = {}
         self._subscribers: set[asyncio.Queue[bytes]] = set()
         # in-process subscribers; replaced, never mutated, so any thread may add
@@ -232,27 +208,18 @@ class ManagerServer:
 
     # -- quorum lease ------------------------------------------------------------------------
     @property
-    def _lease(self) -> _Lease | None:
-        return self._lease_
-
-    @_lease.setter
-    def _lease(self, lease: _Lease | None) -> None:
-        self._lease_ = lease
-        with self._lease_cond:
-            self._lease_cond.notify_all()
-
-    @property
     def lease_id(self) -> int:
         """The id of the quorum lease this replica holds (0: none)."""
-        lease = self._lease_
-        return 0 if lease is None else lease.lease_id
+        return self._lease.lease_id
+
+    @property
+    def leased_rounds(self) -> int:
+        """Rounds answered from a lease so far."""
+        return self._lease.rounds
 
     def wait_lease(self, held: bool, timeout: timedelta) -> bool:
         """Wait until a lease is (``held``) or is not held; False after ``timeout``. Any thread."""
-        with self._lease_cond:
-            return self._lease_cond.wait_for(
-                lambda: (self._lease_ is not None) == held, timeout=timeout.total_seconds()
-            )
+        return self._lease.wait(held, timeout)
 
     # -- failure notices and lease recalls ---------------------------------------------------
     def _on_event(self, event: FailureNotice | LeaseRecall) -> None:
@@ -260,7 +227,7 @@ class ManagerServer:
         if isinstance(event, LeaseRecall):
             self._on_recall(event)
             return
-        self._lease = None  # a member died: the next round asks the lighthouse
+        self._lease.drop()  # a member died: the next round asks the lighthouse
         log.warning(
             "%s: lighthouse reports %s of quorum %s/%d dead (%s)",
             self.replica_id,
@@ -273,37 +240,10 @@ class ManagerServer:
 
     def _on_recall(self, recall: LeaseRecall) -> None:
         """Void the recalled lease; fail the leased step in progress if it is stranded."""
-        if self._recalled[0] != recall.epoch or self._recalled[1] < recall.lease_id:
-            self._recalled = (recall.epoch, recall.lease_id)
-        lease = self._lease
-        if lease is not None and (lease.epoch, lease.lease_id) == (recall.epoch, recall.lease_id):
-            self._lease = None
-        leased = self._leased_round
-        if (
-            recall.abort_from_step < 0
-            or leased is None
-            or (leased.lease.epoch, leased.lease.lease_id) != (recall.epoch, recall.lease_id)
-            or leased.step < recall.abort_from_step
-            or leased.step <= self._resolved_step
-        ):
-            return
-        log.warning(
-            "%s: lease %d recalled while its step %d runs; %s no longer take part, failing the step",
-            self.replica_id,
-            recall.lease_id,
-            leased.step,
-            list(recall.absent_replica_ids),
-        )
-        self._relay(
-            FailureNotice(
-                recall.epoch,
-                recall.quorum_id,
-                recall.absent_replica_ids,
-                f"lease recalled: {list(recall.absent_replica_ids)} run no collectives at step "
-                f"{leased.step}",
-                step=leased.step,
-            )
-        )
+        stranded = self._lease.on_recall(recall, self._resolved_step)
+        if stranded is not None:
+            log.warning("%s: failing step %s: %s", self.replica_id, stranded.step, stranded.reason)
+            self._relay(stranded)
 
     def _relay(self, notice: FailureNotice) -> None:
         """Hand ``notice`` to every local rank (in-process watchers and WatchFailures streams)."""
@@ -354,7 +294,7 @@ class ManagerServer:
 
     def _enter_gather(
         self, rank: int, req: dict[str, Any], timeout_s: float
-    ) -> tuple[_Gather, asyncio.Future[Quorum | _LeasedRound]]:
+    ) -> tuple[_Gather, asyncio.Future[Quorum | LeasedRound]]:
         """Add ``rank``'s request to this round; the last rank to arrive launches the
         single lighthouse call. Returns the round and the future of its quorum."""
         loop = asyncio.get_running_loop()
@@ -380,43 +320,24 @@ class ManagerServer:
                 self._start_round(g, fut)
         return g, fut
 
-    def _start_round(self, g: _Gather, fut: asyncio.Future[Quorum | _LeasedRound]) -> None:
+    def _start_round(self, g: _Gather, fut: asyncio.Future[Quorum | LeasedRound]) -> None:
         """Answer the gathered round from the lease if it still holds, else ask the lighthouse."""
         reqs = list(g.requests.values())
         step = int(reqs[0]["step"])
         self._last_quorum_step = step
         self._link.progress = (step, max(float(r["step_time_ms"]) for r in reqs))
-        lease = self._lease
-        if (
-            lease is not None
-            and step == lease.next_step
-            and lease.generation == self._link.generation
-            and self._link.stream_open
-            and not any(r["shrink_only"] or int(r["commit_failures"]) for r in reqs)
-        ):
-            lease.next_step += 1
-            self.leased_rounds += 1
-            self._leased_round = _LeasedRound(lease, step)
-            fut.set_result(self._leased_round)
+        eligible = not any(r["shrink_only"] or int(r["commit_failures"]) for r in reqs)
+        leased = self._lease.answer(step, eligible, self._link.open_generation)
+        if leased is not None:
+            fut.set_result(leased)
             return
-        self._lease = None
-        self._leased_round = None
         g.task = asyncio.get_running_loop().create_task(self._lighthouse_quorum(g, fut, step))
 
-    def _result_for(
-        self, answer: Quorum | _LeasedRound, rank: int, init_sync: bool
-    ) -> QuorumResult:
-        """Group rank ``rank``'s result; a leased round's is cached per lease."""
+    def _result_for(self, answer: Quorum | LeasedRound, rank: int, init_sync: bool) -> QuorumResult:
+        """Group rank ``rank``'s result from a lighthouse quorum or a leased round."""
         if isinstance(answer, Quorum):
             return compute_quorum_result(answer, self.replica_id, rank, init_sync)
-        cache = answer.lease.results
-        key = (rank, init_sync)
-        base = cache.get(key)
-        if base is None:
-            base = cache[key] = compute_quorum_result(
-                answer.lease.quorum, self.replica_id, rank, init_sync
-            )
-        return replace(base, max_step=answer.step)
+        return leased_result(answer, self.replica_id, rank, init_sync)
 
     @staticmethod
     def _leave_gather(g: _Gather, rank: int, req: dict[str, Any]) -> None:
@@ -515,7 +436,7 @@ class ManagerServer:
         fut.add_done_callback(finish)
 
     async def _lighthouse_quorum(
-        self, g: _Gather, fut: asyncio.Future[Quorum | _LeasedRound], step: int
+        self, g: _Gather, fut: asyncio.Future[Quorum | LeasedRound], step: int
     ) -> None:
         reqs = list(g.requests.values())
         member = QuorumMember(
@@ -531,25 +452,19 @@ class ManagerServer:
                 str(g.requests[r]["checkpoint_metadata"]) for r in range(self.world_size)
             ),
         )
-        generation = self._link.generation
+        asked_generation = self._link.open_generation
         try:
             quorum, lease_id = await self._link.quorum(member, min(g.deadlines.values()))
         except FaultToleranceError as exc:
             fut.set_exception(exc)
             return
-        recalled = self._recalled[0] == quorum.epoch and self._recalled[1] >= lease_id
-        if (
-            lease_id > 0
-            and not recalled  # a recall can overtake the answer it recalls
-            and generation == self._link.generation  # no stream break since we asked
-            and self._link.stream_open
-            and self._link.lighthouse_epoch == quorum.epoch
-        ):
-            next_step = max(m.step for m in quorum.participants) + 1
-            at_next = tuple(replace(m, step=next_step) for m in quorum.participants)
-            self._lease = _Lease(
-                quorum.epoch, lease_id, replace(quorum, participants=at_next), next_step, generation
-            )
+        self._lease.take(
+            quorum,
+            lease_id,
+            asked_generation,
+            self._link.open_generation,
+            self._link.lighthouse_epoch,
+        )
         fut.set_result(quorum)
 
     # -- commit vote, metadata, kill -------------------------------------------------------

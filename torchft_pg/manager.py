@@ -567,34 +567,34 @@ class Manager:
             quorum = self._quorum_future
             if quorum is None or not quorum.done():
                 self._early_notices.append(notice)
-                return
-        self._apply_notice(notice)
+            else:
+                self._apply_notice(notice)
 
     def _apply_early_notices(self) -> None:
         with self._pg_lock:
             notices, self._early_notices = self._early_notices, []
-        for notice in notices:
-            self._apply_notice(notice)
+            for notice in notices:
+                self._apply_notice(notice)
 
     def _apply_notice(self, notice: FailureNotice) -> None:
-        with self._pg_lock:
-            if (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
-                return
-            if notice.step is not None and notice.step != self._step:
-                return  # about a step this rank already finished (or has not begun)
-            dead = set(notice.dead_replica_ids) & set(self._participants)
-            if not dead:
-                return
-            what = "died" if notice.step is None else f"left the lease at step {notice.step}"
-            error = ProcessGroupError(
-                f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
-            )
-            self.report_error(error)
-            with self._inflight_lock:
-                inflight = list(self._inflight)
-            for proxy in inflight:
-                proxy.abort(error)
-            self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
+        """Fail this step's collectives if `notice` concerns them (caller holds `_pg_lock`)."""
+        if (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
+            return
+        if notice.step is not None and notice.step != self._step:
+            return  # about a step this rank already finished (or has not begun)
+        dead = set(notice.dead_replica_ids) & set(self._participants)
+        if not dead:
+            return
+        what = "died" if notice.step is None else f"left the lease at step {notice.step}"
+        error = ProcessGroupError(
+            f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
+        )
+        self.report_error(error)
+        with self._inflight_lock:
+            inflight = list(self._inflight)
+        for proxy in inflight:
+            proxy.abort(error)
+        self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
 
     def _on_watch_error(self, e: Exception) -> None:
         logger.warning("%s failure-notice stream broke: %s", self._tag(), e)

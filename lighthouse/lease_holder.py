@@ -1,0 +1,154 @@
+"""A manager server's side of a quorum lease (see ``lighthouse.lease``): when a round
+may be answered from it, when it is void, and which leased step a recall strands.
+
+No I/O: the manager server passes in the liveness stream's state (its
+generation while open, None while broken) and relays what comes back.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+from lighthouse.ranks import compute_quorum_result
+from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumResult
+
+
+@dataclass
+class _Lease:
+    epoch: str
+    lease_id: int
+    quorum: Quorum  # every participant at one step, so no leased round heals
+    next_step: int  # the step the next leased round must be at
+    generation: int  # the liveness stream's generation when granted
+    results: dict[tuple[int, bool], QuorumResult] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LeasedRound:
+    """What a round answered from a lease resolves to (instead of a ``Quorum``)."""
+
+    lease: _Lease
+    step: int
+
+
+class LeaseHolder:
+    """The lease this replica holds, if any; used on the server's loop only
+    (``lease_id`` and ``wait`` from any thread)."""
+
+    def __init__(self) -> None:
+        self._lease: _Lease | None = None
+        self._changed = threading.Condition()
+        self._recalled = ("", 0)  # (lighthouse epoch, highest lease id recalled in it)
+        self.leased_round: LeasedRound | None = None  # the latest round, if leased
+        self.rounds = 0  # rounds answered from a lease
+
+    def _set(self, lease: _Lease | None) -> None:
+        if lease is self._lease:
+            return
+        self._lease = lease
+        with self._changed:
+            self._changed.notify_all()
+
+    @property
+    def lease_id(self) -> int:
+        lease = self._lease
+        return 0 if lease is None else lease.lease_id
+
+    def wait(self, held: bool, timeout: timedelta) -> bool:
+        """Wait until a lease is (``held``) or is not held; False after ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: (self._lease is not None) == held, timeout=timeout.total_seconds()
+            )
+
+    def take(
+        self,
+        quorum: Quorum,
+        lease_id: int,
+        asked_generation: int | None,
+        generation: int | None,
+        stream_epoch: str,
+    ) -> None:
+        """The lighthouse answered with ``quorum`` and ``lease_id`` (0: none). Taken only
+        if the liveness stream (``generation``, None while broken) stayed open to that
+        lighthouse since the ask and no recall for it overtook the answer."""
+        recalled = self._recalled[0] == quorum.epoch and self._recalled[1] >= lease_id
+        if (
+            lease_id <= 0
+            or recalled
+            or generation is None
+            or generation != asked_generation
+            or stream_epoch != quorum.epoch
+        ):
+            return
+        next_step = max(m.step for m in quorum.participants) + 1
+        at_next = tuple(replace(m, step=next_step) for m in quorum.participants)
+        self._set(
+            _Lease(
+                quorum.epoch, lease_id, replace(quorum, participants=at_next), next_step, generation
+            )
+        )
+
+    def answer(self, step: int, eligible: bool, generation: int | None) -> LeasedRound | None:
+        """The leased answer for a round at ``step``, or None (and the lease is void):
+        the round must follow the last leased one, be ``eligible`` (no shrink_only, no
+        commit failures) and the stream must be the one the lease was granted on."""
+        lease = self._lease
+        if (
+            lease is None
+            or not eligible
+            or step != lease.next_step
+            or generation != lease.generation
+        ):
+            self.drop()
+            return None
+        lease.next_step += 1
+        self.rounds += 1
+        self.leased_round = LeasedRound(lease, step)
+        return self.leased_round
+
+    def drop(self) -> None:
+        self._set(None)
+        self.leased_round = None
+
+    def on_recall(self, recall: LeaseRecall, resolved_step: int) -> FailureNotice | None:
+        """Void the recalled lease; the step-scoped notice to relay if the leased step
+        in progress (its vote not decided: ``resolved_step`` is the latest decided) is stranded."""
+        if self._recalled[0] != recall.epoch or self._recalled[1] < recall.lease_id:
+            self._recalled = (recall.epoch, recall.lease_id)
+        lease = self._lease
+        if lease is not None and (lease.epoch, lease.lease_id) == (recall.epoch, recall.lease_id):
+            self._set(None)
+        leased = self.leased_round
+        if (
+            recall.abort_from_step < 0
+            or leased is None
+            or (leased.lease.epoch, leased.lease.lease_id) != (recall.epoch, recall.lease_id)
+            or leased.step < recall.abort_from_step
+            or leased.step <= resolved_step
+        ):
+            return None
+        absent = list(recall.absent_replica_ids)
+        return FailureNotice(
+            recall.epoch,
+            recall.quorum_id,
+            recall.absent_replica_ids,
+            f"lease {recall.lease_id} recalled: {absent} run no collectives at step {leased.step}",
+            step=leased.step,
+        )
+
+
+def leased_result(
+    answer: LeasedRound, replica_id: str, group_rank: int, init_sync: bool
+) -> QuorumResult:
+    """Group rank ``group_rank``'s result for a leased round (computed once per lease)."""
+    cache = answer.lease.results
+    key = (group_rank, init_sync)
+    base = cache.get(key)
+    if base is None:
+        base = cache[key] = compute_quorum_result(
+            answer.lease.quorum, replica_id, group_rank, init_sync
+        )
+    return replace(base, max_step=answer.step)
