@@ -320,8 +320,12 @@ class Manager:
             except BaseException as e:
                 done.set_exception(e)
             else:
-                done.set_result(None)
-                self._apply_early_notices()
+                # Held notices take effect before the quorum is seen as taken, so a
+                # caller of wait_quorum() never sees a step the notice should fail.
+                # Under the lock: a notice arriving meanwhile is held, then applied.
+                with self._pg_lock:
+                    self._apply_early_notices_locked()
+                    done.set_result(None)
 
         if steady:
             finish()
@@ -570,11 +574,11 @@ class Manager:
             else:
                 self._apply_notice(notice)
 
-    def _apply_early_notices(self) -> None:
-        with self._pg_lock:
-            notices, self._early_notices = self._early_notices, []
-            for notice in notices:
-                self._apply_notice(notice)
+    def _apply_early_notices_locked(self) -> None:
+        """Apply the notices held while the quorum formed (caller holds `_pg_lock`)."""
+        notices, self._early_notices = self._early_notices, []
+        for notice in notices:
+            self._apply_notice(notice)
 
     def _apply_notice(self, notice: FailureNotice) -> None:
         """Fail this step's collectives if `notice` concerns them (caller holds `_pg_lock`)."""
