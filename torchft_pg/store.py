@@ -3,11 +3,11 @@
 Every `configure` gets a fresh address such as ``127.0.0.1:29500/torchft/e1/3/0``;
 `create_store_client` turns it into a ``PrefixStore(prefix, TCPStore(host, port))``.
 
-One TCPStore client connection is kept per store server (host, port) and shared
-by every prefix: opening a new TCP connection per configure costs a connect
-handshake each time and, on these machines, about 1 in 30 fresh connects stalls
-for ~5 s. A cached client whose server went away is detected (one round trip)
-and replaced.
+Store clients are pooled per store server (host, port) and reused across
+prefixes: opening a new TCP connection per configure costs a connect handshake
+each time and, on these machines, about 1 in 30 fresh connects stalls for ~5 s.
+A pooled client is lent to one group at a time (see `_ClientPool`); one whose
+server went away is detected (one round trip) and replaced.
 """
 
 from __future__ import annotations
@@ -19,7 +19,13 @@ from datetime import timedelta
 
 from torch.distributed import PrefixStore, Store, TCPStore
 
-__all__ = ["StoreAddress", "create_store_client", "parse_store_address"]
+__all__ = [
+    "StoreAddress",
+    "StoreLease",
+    "create_store_client",
+    "lease_store_client",
+    "parse_store_address",
+]
 
 _DEFAULT_TIMEOUT = timedelta(seconds=60)
 # host:port/prefix where host is a name, an IPv4 literal or a bracketed IPv6 literal.
@@ -62,26 +68,44 @@ def parse_store_address(store_addr: str) -> StoreAddress:
     return StoreAddress(host=host, port=port, prefix=match["prefix"] or "")
 
 
-class _ClientCache:
-    """One live TCPStore client per (host, port), shared across prefixes and threads."""
+class _ClientPool:
+    """Idle TCPStore clients per (host, port), each lent to one user at a time.
+
+    A TCPStore client is one socket: a blocking ``wait``/``get`` on it holds
+    every other call behind it. Two groups of one process (ranks as threads,
+    or two groups configuring at once) that shared a client could each wait
+    for a key the other must set first, and stall until the timeout. So a
+    client is lent to one group for as long as that group's backend lives,
+    and comes back to the pool when the group is reconfigured or shut down;
+    the next configure of any group reuses it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._clients: dict[tuple[str, int], TCPStore] = {}
+        self._idle: dict[tuple[str, int], list[TCPStore]] = {}
 
-    def get(self, host: str, port: int, timeout: timedelta) -> TCPStore:
+    def acquire(self, host: str, port: int, timeout: timedelta) -> TCPStore:
         key = (host, port)
-        with self._lock:
-            client = self._clients.get(key)
-            if client is not None and _alive(client):
+        while True:
+            with self._lock:
+                idle = self._idle.get(key)
+                client = idle.pop() if idle else None
+            if client is None:
+                break
+            if _alive(client):
                 client.set_timeout(timeout)
                 return client
-            self._clients.pop(key, None)
         # Connect outside the lock: a connect can take up to `timeout`.
-        client = TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+        return TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+
+    def release(self, host: str, port: int, client: TCPStore) -> None:
         with self._lock:
-            self._clients[key] = client
-        return client
+            idle = self._idle.setdefault((host, port), [])
+            if len(idle) < _MAX_IDLE_PER_SERVER:
+                idle.append(client)
+
+
+_MAX_IDLE_PER_SERVER = 8
 
 
 def _alive(client: TCPStore) -> bool:
@@ -92,18 +116,42 @@ def _alive(client: TCPStore) -> bool:
     return True
 
 
-_CACHE = _ClientCache()
+_POOL = _ClientPool()
+
+
+class StoreLease:
+    """A store client lent to one user: `store` is ``PrefixStore(prefix, client)``.
+
+    Call `release` once the user (a group's backend) no longer needs it;
+    releasing twice is harmless. A lease never released just keeps its
+    connection until it is garbage collected.
+    """
+
+    def __init__(self, addr: StoreAddress, client: TCPStore) -> None:
+        self.address = addr
+        self.store: Store = PrefixStore(addr.prefix, client)
+        self._client: TCPStore | None = client
+
+    def release(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            _POOL.release(self.address.host, self.address.port, client)
+
+
+def lease_store_client(store_addr: str, timeout: timedelta = _DEFAULT_TIMEOUT) -> StoreLease:
+    """Borrow a store client for ``host:port/prefix`` (see `_ClientPool` for why)."""
+    addr = parse_store_address(store_addr)
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return StoreLease(addr, _POOL.acquire(addr.host, addr.port, timeout))
 
 
 def create_store_client(store_addr: str, timeout: timedelta = _DEFAULT_TIMEOUT) -> Store:
     """Return ``PrefixStore(prefix, TCPStore client)`` for a ``host:port/prefix`` address.
 
-    `timeout` bounds the connect and every store operation (default 60 s).
-    Raises ValueError for a malformed address and the store's own error
-    (a RuntimeError) when the server cannot be reached within `timeout`.
+    The client is the caller's alone. `timeout` bounds the connect and every
+    store operation (default 60 s). Raises ValueError for a malformed address
+    and the store's own error (a RuntimeError) when the server cannot be
+    reached within `timeout`.
     """
-    addr = parse_store_address(store_addr)
-    if timeout <= timedelta(0):
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    client = _CACHE.get(addr.host, addr.port, timeout)
-    return PrefixStore(addr.prefix, client)
+    return lease_store_client(store_addr, timeout).store
