@@ -6,6 +6,7 @@ and `get_future()` on a Work, so these are the two methods that matter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,15 @@ from torch.futures import Future
 
 from torchft_pg.futures import ProxyFuture
 
-__all__ = ["ErrorSwallowingWork", "FailedWork", "ManagedWork", "completed_future", "completed_work"]
+__all__ = [
+    "AbortSignal",
+    "AbortableWork",
+    "ErrorSwallowingWork",
+    "FailedWork",
+    "ManagedWork",
+    "completed_future",
+    "completed_work",
+]
 
 
 def completed_future(value: Any) -> Future[Any]:
@@ -109,3 +118,169 @@ class ErrorSwallowingWork(Work):
             self._work.synchronize()
         except Exception as e:
             self._report(e)
+
+    def _source_rank(self) -> int:
+        return int(self._work._source_rank())
+
+
+class AbortSignal:
+    """Fails every in-flight `AbortableWork` of one backend at once when fired.
+
+    A Gloo backend's own ``abort()`` does not wake a thread blocked in
+    ``wait()``: that thread sleeps until the op's timeout. Our works wait on
+    an event that either the op's completion or this signal sets.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: set[Callable[[], None]] = set()
+        self.error: Exception | None = None
+
+    def fire(self, error: Exception) -> None:
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = error
+            waiters, self._waiters = self._waiters, set()
+        for wake in waiters:
+            wake()
+
+    def add(self, wake: Callable[[], None]) -> bool:
+        """Call `wake` when fired; False (and no call) if already fired."""
+        with self._lock:
+            if self.error is not None:
+                return False
+            self._waiters.add(wake)
+            return True
+
+    def discard(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._waiters.discard(wake)
+
+
+class AbortableWork(Work):
+    """A backend's Work whose `wait` and future fail at once when `signal` fires.
+
+    `outputs` is what the future yields; `timeout` bounds a `wait()` without
+    its own timeout, plus `BACKSTOP_GRACE_S`: the backend applies the same
+    timeout itself and its error (which names the cause) should win. Some Gloo works (send, recv, reduce_scatter) have no
+    future and only progress inside ``wait()``: a daemon thread waits for
+    those, so the caller's wait stays abortable and they get a future too.
+    """
+
+    BACKSTOP_GRACE_S = 2.0
+
+    def __init__(
+        self, work: Work, signal: AbortSignal, timeout: timedelta, outputs: Any = None
+    ) -> None:
+        super().__init__()
+        self._work = work
+        self._signal = signal
+        self._timeout = timeout
+        self._outputs = outputs
+        self._future: Future[Any] | None = None
+
+    def _aborted(self) -> Exception:
+        from torchft_pg.errors import ProcessGroupAbortedError
+
+        return ProcessGroupAbortedError(f"collective aborted: {self._signal.error}")
+
+    def _completion(self) -> Future[Any]:
+        """A future completed when the backend's work is (its own, else a waiter's)."""
+        if self._future is None:
+            try:
+                self._future = self._work.get_future()
+            except RuntimeError:  # "Work::getFuture not implemented"
+                self._future = _waited_future(self._work, self._timeout, self._outputs)
+        return self._future
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        work = self._work
+        if self._future is None and work.is_completed():
+            return bool(work.wait())
+        if self._signal.error is not None:
+            raise self._aborted()
+        limit_s = (timeout or self._timeout).total_seconds() + self.BACKSTOP_GRACE_S
+        done = threading.Event()
+        if not self._signal.add(done.set):
+            raise self._aborted()
+        try:
+            future = self._completion()
+            future.add_done_callback(lambda _: done.set())
+            finished = done.wait(limit_s)
+        finally:
+            self._signal.discard(done.set)
+        if not future.done():
+            if self._signal.error is not None:
+                raise self._aborted()
+            if not finished:
+                from torchft_pg.errors import ProcessGroupTimeoutError
+
+                raise ProcessGroupTimeoutError(f"collective did not finish within {limit_s} s")
+        future.value()  # raises the op's own error
+        return True
+
+    def get_future(self) -> Future[Any]:
+        inner = self._completion()
+        out: Future[Any] = Future()
+        lock = threading.Lock()
+        settled = [False]
+
+        def settle(value: Any = None, error: Exception | None = None) -> None:
+            with lock:
+                if settled[0]:
+                    return
+                settled[0] = True
+            if error is not None:
+                out.set_exception(error)
+            else:
+                out.set_result(value)
+
+        def on_done(fut: Future[Any]) -> None:
+            try:
+                value = fut.value()
+            except Exception as e:
+                settle(error=e)
+                return
+            settle(value)
+
+        def on_abort() -> None:
+            settle(error=self._aborted())
+
+        if not self._signal.add(on_abort):
+            on_abort()
+        inner.add_done_callback(on_done)
+        out.add_done_callback(lambda _: self._signal.discard(on_abort))
+        return out
+
+    def is_completed(self) -> bool:
+        if self._future is not None:
+            return self._future.done()
+        return bool(self._work.is_completed())
+
+    def is_success(self) -> bool:
+        return bool(self._work.is_success())
+
+    def exception(self) -> Any:
+        return self._work.exception()
+
+    def synchronize(self) -> None:
+        self._work.synchronize()
+
+    def _source_rank(self) -> int:
+        return int(self._work._source_rank())
+
+
+def _waited_future(work: Work, timeout: timedelta, outputs: Any) -> Future[Any]:
+    fut: Future[Any] = Future()
+
+    def run() -> None:
+        try:
+            work.wait(timeout)
+        except Exception as e:
+            fut.set_exception(e)
+            return
+        fut.set_result(outputs)
+
+    threading.Thread(target=run, name="torchft_pg-work-wait", daemon=True).start()
+    return fut

@@ -30,8 +30,11 @@ from torch._C._distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
 )
 
 INLINE_MAX_BYTES = 64 * 1024  # per op; larger CPU tensors go through shared memory
@@ -47,6 +50,9 @@ _OPTION_FIELDS: dict[str, tuple[type, tuple[str, ...]]] = {
     "BarrierOptions": (BarrierOptions, ("timeout",)),
     "BroadcastOptions": (BroadcastOptions, ("rootRank", "rootTensor", "timeout")),
     "ReduceScatterOptions": (ReduceScatterOptions, ("reduceOp", "timeout")),
+    "ReduceOptions": (ReduceOptions, ("reduceOp", "rootRank", "rootTensor", "timeout")),
+    "GatherOptions": (GatherOptions, ("rootRank", "timeout")),
+    "ScatterOptions": (ScatterOptions, ("rootRank", "timeout")),
 }
 
 

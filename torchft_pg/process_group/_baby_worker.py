@@ -29,6 +29,7 @@ class _Child:
         self._device_index = device_index
         self._send_lock = threading.Lock()
         self._pg: Any = None
+        self._lease: Any = None  # the store client lent to the current group
         self._tensors = proto.ChildTensors()
 
     def reply(self, message: Any) -> None:
@@ -38,17 +39,25 @@ class _Child:
     def configure(self, store_addr: str, rank: int, world_size: int, timeout_s: float) -> None:
         from torchft_pg.process_group.gloo import create_gloo_group
         from torchft_pg.process_group.nccl import create_nccl_group
-        from torchft_pg.store import create_store_client
+        from torchft_pg.store import lease_store_client
 
         if self._pg is not None:
             holder, self._pg = [self._pg], None
             with contextlib.suppress(Exception):  # a broken backend may refuse to abort
                 holder[0].abort()
             _reaper.retire(holder)
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
         timeout = timedelta(seconds=timeout_s)
-        store = create_store_client(store_addr, timeout)
+        lease = lease_store_client(store_addr, timeout)
         create = create_nccl_group if self._backend == "nccl" else create_gloo_group
-        self._pg = create(store, rank, world_size, timeout)
+        try:
+            self._pg = create(lease.store, rank, world_size, timeout)
+        except BaseException:
+            lease.release()
+            raise
+        self._lease = lease
 
     def run_op(self, op_id: int, name: str, args: Any, inline: list[bytes], fds: list[int]) -> None:
         decoded, inline_tensors = self._tensors.decode(args, inline, fds)
@@ -59,7 +68,8 @@ class _Child:
 
         def finish(error: str | None) -> None:
             results = [] if error else proto.inline_results(inline_tensors)
-            self.reply(("done", op_id, error, results))
+            source = work._source_rank() if name == "recv_anysource" and not error else None
+            self.reply(("done", op_id, error, results, source))
 
         def wait_in_thread() -> None:
             try:
@@ -104,7 +114,7 @@ class _Child:
                 try:
                     self.run_op(op_id, name, args, inline, fds)
                 except Exception as e:
-                    self.reply(("done", op_id, f"{type(e).__name__}: {e}", []))
+                    self.reply(("done", op_id, f"{type(e).__name__}: {e}", [], None))
             elif kind == "configure":
                 _, store_addr, rank, world_size, timeout_s = message
                 try:

@@ -70,3 +70,16 @@ def split_sizes(
         raise ValueError(
             f"{op}: {name} sum to {sum(sizes)} but the tensor has {tensor.size(0)} rows"
         )
+
+
+def gathered_tensor(op: str, whole: torch.Tensor, part: torch.Tensor, world_size: int) -> None:
+    """`whole` holds `world_size` copies of `part`'s shape (all_gather/reduce_scatter single)."""
+    for name, t in (("whole", whole), ("part", part)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: the {name} tensor must be a tensor, got {type(t).__name__}")
+    if whole.numel() != part.numel() * world_size:
+        raise ValueError(
+            f"{op}: the gathered tensor must have world size ({world_size}) x "
+            f"{part.numel()} = {part.numel() * world_size} elements, got {whole.numel()} "
+            f"(shape {tuple(whole.shape)})"
+        )

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,7 @@ import torchft_pg
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError, ProcessGroupTimeoutError
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.store import lease_store_client
 
 __all__ = ["ProcessGroupBaby", "ProcessGroupBabyGloo", "ProcessGroupBabyNCCL"]
 
@@ -45,10 +47,11 @@ class _PendingOp:
     """One op in flight. `_released` is acquired until the op completes: waiting on
     a bare lock is cheaper than on a threading.Event (a Condition underneath)."""
 
-    __slots__ = ("_released", "encoded", "error", "future")
+    __slots__ = ("_released", "encoded", "error", "future", "source_rank")
 
     def __init__(self, encoded: proto.EncodedArgs) -> None:
         self.encoded = encoded
+        self.source_rank: int | None = None  # recv_anysource: the member that sent
         self.future: Future[Any] = Future()
         self.error: Exception | None = None
         self._released = threading.Lock()
@@ -130,7 +133,7 @@ class _ChildProcess:
                 message, _fds = receiver.recv()
                 kind = message[0]
                 if kind == "done":
-                    self._complete(message[1], message[2], message[3])
+                    self._complete(message[1], message[2], message[3], message[4])
                 elif kind == "configured":
                     self._configure_error = message[1]
                     self._configured.set()
@@ -143,10 +146,13 @@ class _ChildProcess:
             ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) exited with code {code}")
         )
 
-    def _complete(self, op_id: int, error: str | None, results: list[bytes]) -> None:
+    def _complete(
+        self, op_id: int, error: str | None, results: list[bytes], source_rank: int | None
+    ) -> None:
         op = self._pending.pop(op_id, None)
         if op is None:
             return
+        op.source_rank = source_rank
         if error is None:
             try:
                 proto.copy_results(op.encoded, results)
@@ -262,6 +268,12 @@ class _BabyWork(Work):
     def is_completed(self) -> bool:
         return self._op.is_done()
 
+    def _source_rank(self) -> int:
+        """The sender of a completed `recv_anysource` (what ``dist.recv`` returns)."""
+        if self._op.source_rank is None:
+            raise RuntimeError("_source_rank: only a completed recv_anysource has a source")
+        return self._op.source_rank
+
 
 def _is_cuda(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
@@ -269,6 +281,20 @@ def _is_cuda(value: Any) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_is_cuda(v) for v in value)
     return False
+
+
+class _Children:
+    """A Baby group's current child and warm spare, closable without the group itself."""
+
+    def __init__(self) -> None:
+        self.child: _ChildProcess | None = None
+        self.spare: _ChildProcess | None = None
+
+    def close(self) -> None:
+        for child in (self.child, self.spare):
+            if child is not None:
+                child.close()
+        self.child = self.spare = None
 
 
 class ProcessGroupBaby(ProcessGroupWrapper):
@@ -279,14 +305,34 @@ class ProcessGroupBaby(ProcessGroupWrapper):
     """
 
     BACKEND = "gloo"
+    C10D_BACKEND = "gloo"
 
-    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT, warm_spare: bool = True) -> None:
+    def __init__(
+        self, timeout: timedelta | float = DEFAULT_TIMEOUT, warm_spare: bool = True
+    ) -> None:
         super().__init__(timeout=timeout)
         self._warm_spare = warm_spare
         self._device_index = torch.cuda.current_device() if self.BACKEND == "nccl" else None
-        self._child: _ChildProcess | None = None
-        self._spare: _ChildProcess | None = None
+        self._children = _Children()
+        # A group dropped without shutdown() must not leave its children running.
+        weakref.finalize(self, self._children.close)
         self._child = self._start_child()  # starts importing torch now, in parallel with the caller
+
+    @property
+    def _child(self) -> _ChildProcess | None:
+        return self._children.child
+
+    @_child.setter
+    def _child(self, child: _ChildProcess | None) -> None:
+        self._children.child = child
+
+    @property
+    def _spare(self) -> _ChildProcess | None:
+        return self._children.spare
+
+    @_spare.setter
+    def _spare(self, child: _ChildProcess | None) -> None:
+        self._children.spare = child
 
     def _start_child(self) -> _ChildProcess:
         return _ChildProcess(self.BACKEND, self._device_index)
@@ -313,8 +359,23 @@ class ProcessGroupBaby(ProcessGroupWrapper):
 
     def _create_pg_at(self, store_addr: str, rank: int, world_size: int) -> Any:
         child = self._live_child()
+        # Meet on the store here, as every torchft_pg group does, so a Baby member
+        # and a Gloo member can share a prefix and a known death interrupts us.
+        lease = lease_store_client(store_addr, self._timeout)
+        try:
+            self._global_ranks = self._await_members(lease.store, rank, world_size)
+        finally:
+            lease.release()
         child.configure(store_addr, rank, world_size, self._timeout)
         return child
+
+    def monitored_barrier(
+        self, timeout: timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        raise NotImplementedError(
+            f"monitored_barrier is not supported by {type(self).__name__} (it would block "
+            "the child's command loop); use barrier()"
+        )
 
     def _retire_backend(self, holder: list[Any]) -> None:
         pass  # the child replaces its own backend on the next "configure"
@@ -341,10 +402,7 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         if self._keep_alive_on_destroy:
             return
         super().shutdown()
-        for child in (self._child, self._spare):
-            if child is not None:
-                child.close()
-        self._child = self._spare = None
+        self._children.close()
 
     def getBackendName(self) -> str:
         return f"torchft-baby-{self.BACKEND}"
@@ -363,3 +421,4 @@ class ProcessGroupBabyNCCL(ProcessGroupBaby):
     """
 
     BACKEND = "nccl"
+    C10D_BACKEND = "nccl"

@@ -8,6 +8,7 @@ Manager) see the live values through `rank()` and `size()`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -26,9 +27,17 @@ from torch._C._distributed_c10d import (
 )
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 
+from torchft_pg.process_group import _c10d_tables
 from torchft_pg.store import parse_store_address
 
-__all__ = ["ProcessGroup", "validate_configure_args"]
+__all__ = [
+    "ConfigureArgs",
+    "ProcessGroup",
+    "own_global_rank",
+    "parse_configure_args",
+    "resolve_global_ranks",
+    "validate_configure_args",
+]
 
 
 def validate_configure_args(store_addr: str, rank: object, world_size: object) -> None:
@@ -47,6 +56,103 @@ def validate_configure_args(store_addr: str, rank: object, world_size: object) -
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConfigureArgs:
+    """One `configure` call, in either of the two accepted forms (see `parse_configure_args`)."""
+
+    store_addr: str
+    rank: int
+    world_size: int
+    replica_id: str | None = None
+    quorum_id: int | None = None
+    group_rank: int | None = None
+    group_world_size: int | None = None
+    global_ranks: tuple[int, ...] | None = None
+
+
+_TORCHFT_EXTRAS = ("quorum_id", "group_rank", "group_world_size", "global_ranks")
+
+
+def parse_configure_args(
+    args: tuple[Any, ...], kwargs: dict[str, Any], check_address: bool = True
+) -> ConfigureArgs:
+    """Read ``configure(store_addr, rank, world_size, replica_id=None)`` or torchft's
+    ``configure(store_addr, replica_id, rank, world_size, quorum_id=None, group_rank=None,
+    group_world_size=None, global_ranks=None)``; raise naming any bad value.
+
+    The forms differ in the second positional argument: a replica id is a str.
+    `global_ranks`, when given, numbers the members for ``src=``/``dst=``
+    arguments instead of the numbering found at rendezvous.
+    """
+    names = (
+        ("store_addr", "replica_id", "rank", "world_size")
+        if len(args) >= 2 and isinstance(args[1], str)
+        else ("store_addr", "rank", "world_size", "replica_id")
+    )
+    if len(args) > len(names) + len(_TORCHFT_EXTRAS):
+        raise TypeError(f"configure() takes at most 8 arguments, got {len(args)}")
+    values: dict[str, Any] = dict(zip(names + _TORCHFT_EXTRAS, args, strict=False))
+    for key, value in kwargs.items():
+        if key not in names + _TORCHFT_EXTRAS:
+            raise TypeError(f"configure() got an unexpected keyword argument {key!r}")
+        if key in values:
+            raise TypeError(f"configure() got multiple values for argument {key!r}")
+        values[key] = value
+    missing = [n for n in ("store_addr", "rank", "world_size") if n not in values]
+    if missing:
+        raise TypeError(f"configure() is missing {', '.join(missing)}")
+    store_addr, rank, world_size = values["store_addr"], values["rank"], values["world_size"]
+    if check_address:
+        validate_configure_args(store_addr, rank, world_size)
+    else:
+        validate_configure_args("localhost:1/unused", rank, world_size)
+    replica_id = values.get("replica_id")
+    if replica_id is not None and not isinstance(replica_id, str):
+        raise TypeError(f"replica_id must be a str or None, got {replica_id!r}")
+    global_ranks = values.get("global_ranks")
+    if global_ranks is not None:
+        global_ranks = tuple(global_ranks)
+        if len(global_ranks) != world_size or len(set(global_ranks)) != world_size:
+            raise ValueError(
+                f"global_ranks must name {world_size} distinct ranks (one per member), "
+                f"got {list(global_ranks)}"
+            )
+    return ConfigureArgs(
+        store_addr=store_addr,
+        rank=rank,
+        world_size=world_size,
+        replica_id=replica_id,
+        quorum_id=values.get("quorum_id"),
+        group_rank=values.get("group_rank"),
+        group_world_size=values.get("group_world_size"),
+        global_ranks=global_ranks,
+    )
+
+
+def own_global_rank() -> int:
+    """This process's rank in the default group, or -1 without one."""
+    if not dist.is_initialized():
+        return -1
+    try:
+        return dist.get_rank()
+    except (RuntimeError, ValueError):  # a default group being torn down
+        return -1
+
+
+def resolve_global_ranks(reported: list[int]) -> tuple[int, ...]:
+    """Global ranks by group rank, from what each member reported at configure.
+
+    Members that all belong to one default group (every report >= 0, no two
+    alike) keep their default-group ranks, so ``src=``, ``dst=`` and
+    ``dist.get_rank(group=pg)`` mean what they mean for any c10d group. Members
+    of different jobs (equal reports) or without a default group (-1) have no
+    common global numbering: global ranks are then the group ranks.
+    """
+    if all(r >= 0 for r in reported) and len(set(reported)) == len(reported):
+        return tuple(reported)
+    return tuple(range(len(reported)))
+
+
 class ProcessGroup(BaseProcessGroup):
     """A c10d ProcessGroup that can be re-formed at run time with `configure`.
 
@@ -58,22 +164,29 @@ class ProcessGroup(BaseProcessGroup):
         super().__init__(0, 1)  # type: ignore[call-arg]  # c10d sees size 1; see module doc
         self._group_name: str | None = None
         self._registered: BaseProcessGroup | None = None
-        self._c10d_ranks: int | None = None  # world size published to c10d's rank table
+        self._global_ranks: tuple[int, ...] | None = None  # set by configure
+        self._rank_table_cache: tuple[tuple[int, ...], dict[int, int]] | None = None
         self._keep_alive_on_destroy = False  # unregister() in progress: ignore c10d's shutdown()
 
     # -- lifecycle ---------------------------------------------------------------
-    def configure(
-        self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
-    ) -> None:
-        """Form a new group of `world_size` members rendezvousing at `store_addr`.
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        """Form a new group: ``configure(store_addr, rank, world_size, replica_id=None)``.
 
+        The group has `world_size` members rendezvousing at `store_addr`.
         Blocks until the new group is ready. Every call must get a unique
         ``host:port/prefix`` address. The old group, if any, is torn down.
+        torchft's ``configure(store_addr, replica_id, rank, world_size, quorum_id=None,
+        group_rank=None, group_world_size=None, global_ranks=None)`` is accepted too
+        (see `parse_configure_args`).
         """
         raise NotImplementedError("configure")
 
-    def abort(self) -> None:
-        """Abort in-flight work and drop the group; idempotent. `configure` rebuilds it."""
+    def abort(self, errored: bool = True) -> None:
+        """Abort in-flight work and drop the group; idempotent. `configure` rebuilds it.
+
+        `errored` (torchft's argument) says whether a failure caused the abort;
+        either way in-flight work fails at once.
+        """
 
     def shutdown(self) -> None:
         """Release sockets and child processes; idempotent and safe after a failure."""
@@ -171,9 +284,10 @@ class ProcessGroup(BaseProcessGroup):
     def register(self, name: str) -> BaseProcessGroup:
         """Register this PG with c10d under `name`, for DeviceMesh and functional collectives.
 
-        Creates a size-1 c10d group (on the default group's local rank) whose
-        backend is this object, so ``_functional_collectives.all_reduce(t, "sum", pg)``
+        Creates a c10d group (on the default group's local rank) whose backend
+        is this object, so ``_functional_collectives.all_reduce(t, "sum", pg)``
         and ``DeviceMesh.from_group`` resolve it. Needs ``init_process_group``.
+        Its rank table stays this group's live one (see `_c10d_tables`).
         """
         if not name or not isinstance(name, str):
             raise ValueError(f"register() needs a non-empty group name, got {name!r}")
@@ -182,6 +296,8 @@ class ProcessGroup(BaseProcessGroup):
                 "register() needs torch.distributed.init_process_group() first: c10d "
                 "groups are created relative to the default group"
             )
+        if self._registered is not None and not _c10d_tables.is_registered(self._registered):
+            self._forget_registration()  # destroyed through dist.destroy_process_group
         if self._registered is not None:
             raise RuntimeError(
                 f"already registered as {self._group_name!r}; call unregister() first"
@@ -200,6 +316,7 @@ class ProcessGroup(BaseProcessGroup):
             use_local_synchronization=True,
         )
         assert group is not None
+        _c10d_tables.drop_rank_table(group)  # the size-1 view c10d stored: ours is live
         self._registered = group
         # With a factory that returns a ProcessGroup, c10d registers that object
         # itself and keeps its name only in its own table.
@@ -216,41 +333,57 @@ class ProcessGroup(BaseProcessGroup):
         works, and shuts the group down as c10d does for any group.)
         """
         group = self._registered
-        if group is not None and dist.is_initialized() and group in _c10d_world().pg_map:
+        if group is not None and dist.is_initialized() and _c10d_tables.is_registered(group):
             self._keep_alive_on_destroy = True
             try:
                 dist.destroy_process_group(group)  # reads group_name: clear it afterwards
             finally:
                 self._keep_alive_on_destroy = False
+        self._forget_registration()
+
+    def _forget_registration(self) -> None:
         self._registered = None
         self._group_name = None
-        if group is self and self._c10d_ranks is not None:
-            self._publish_ranks(self._c10d_ranks)
 
     @property
     def group_name(self) -> str:
-        """The c10d name this PG is registered under (see `register`)."""
-        if self._group_name is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is not registered; call register(name) first"
-            )
-        return self._group_name
+        """The c10d name this PG is registered under (see `register`).
 
-    def _publish_ranks(self, world_size: int | None) -> None:
-        """Tell c10d this group's ranks, so `dist.send/recv/broadcast(group=pg)` work.
-
-        A cross-replica group has no global ranks of its own: ranks passed to
-        ``torch.distributed`` calls with ``group=pg`` are ranks in this group.
-        `None` removes the entry (shutdown), so c10d holds no reference to us.
+        An unregistered group answers a name no c10d lookup resolves, so a
+        functional collective on it fails naming the group, and
+        ``dist.destroy_process_group(pg)`` (which reads the name) works.
         """
-        self._c10d_ranks = world_size
-        ranks = _c10d_world().pg_group_ranks
-        if self._registered is not None:
-            return  # c10d's size-1 view from register() stays until unregister()
-        if world_size is None:
-            ranks.pop(self, None)
-        else:
-            ranks[self] = {r: r for r in range(world_size)}
+        return self._c10d_name()
+
+    # -- what c10d's tables answer for this group (see `_c10d_tables`) -------------
+    C10D_BACKEND = "torchft"  # what dist.get_backend(pg) reports; subclasses name theirs
+
+    def _c10d_name(self) -> str:
+        if self._group_name is not None:
+            return self._group_name
+        return f"torchft_pg-unregistered-{id(self):x}"
+
+    def _c10d_backend(self) -> str:
+        return self.C10D_BACKEND
+
+    def global_ranks(self) -> tuple[int, ...]:
+        """The global rank of each group rank: what ``src=``/``dst=`` arguments name.
+
+        Set by each `configure` (see `resolve_global_ranks`); before the first,
+        and for groups whose members do not share one default group, the
+        global ranks are the group ranks.
+        """
+        ranks = self._global_ranks
+        if ranks is None or len(ranks) != self.size():
+            return tuple(range(self.size()))
+        return ranks
+
+    def _c10d_rank_table(self) -> dict[int, int]:
+        ranks = self.global_ranks()
+        table = self._rank_table_cache
+        if table is None or table[0] != ranks:
+            table = self._rank_table_cache = (ranks, {g: r for r, g in enumerate(ranks)})
+        return dict(table[1])  # a copy: c10d callers may not change ours
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -260,3 +393,6 @@ def _c10d_world() -> Any:
     from torch.distributed.distributed_c10d import _world
 
     return _world
+
+
+_c10d_tables.install(ProcessGroup)

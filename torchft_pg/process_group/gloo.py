@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
+from torch._C._distributed_c10d import Work
 from torch.distributed import Store
 
+from torchft_pg.errors import ProcessGroupAbortedError
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.work import AbortableWork, AbortSignal
 
 __all__ = ["ProcessGroupGloo"]
 
@@ -34,11 +38,24 @@ def create_gloo_group(
 class ProcessGroupGloo(ProcessGroupWrapper):
     """Gloo, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s)."""
 
-    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+    C10D_BACKEND = "gloo"
+
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
         super().__init__(timeout=timeout)
+        self._abort_signal = AbortSignal()  # one per backend: fired by abort()
 
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
+        self._abort_signal = AbortSignal()
         return create_gloo_group(store, rank, world_size, self._timeout)
+
+    def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        # Gloo's own abort() leaves a thread in wait() asleep until the op times out.
+        work = super()._run(op, outputs, *args)
+        return AbortableWork(work, self._abort_signal, self._timeout, outputs)
+
+    def _abort_backend(self, pg: Any) -> None:
+        self._abort_signal.fire(ProcessGroupAbortedError("ProcessGroupGloo was aborted"))
+        super()._abort_backend(pg)
 
     def getBackendName(self) -> str:
         return "torchft-gloo"

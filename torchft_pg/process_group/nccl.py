@@ -42,7 +42,9 @@ def create_nccl_group(
 class ProcessGroupNCCL(ProcessGroupWrapper):
     """NCCL, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s)."""
 
-    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+    C10D_BACKEND = "nccl"
+
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
         super().__init__(timeout=timeout)
 
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:

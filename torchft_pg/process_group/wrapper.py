@@ -24,8 +24,11 @@ from torch._C._distributed_c10d import (
     AllToAllOptions,
     BarrierOptions,
     BroadcastOptions,
+    GatherOptions,
     ReduceOp,
+    ReduceOptions,
     ReduceScatterOptions,
+    ScatterOptions,
     Work,
 )
 from torch.distributed import Store
@@ -37,8 +40,13 @@ from torchft_pg.errors import (
     ProcessGroupTimeoutError,
 )
 from torchft_pg.process_group import _checks, _reaper
-from torchft_pg.process_group.base import ProcessGroup, validate_configure_args
-from torchft_pg.store import create_store_client
+from torchft_pg.process_group.base import (
+    ProcessGroup,
+    own_global_rank,
+    parse_configure_args,
+    resolve_global_ranks,
+)
+from torchft_pg.store import StoreLease, lease_store_client
 from torchft_pg.work import completed_work
 
 __all__ = ["ProcessGroupWrapper"]
@@ -57,14 +65,12 @@ class ProcessGroupWrapper(ProcessGroup):
     """
 
     def __init__(
-        self, pg: ProcessGroup | None = None, timeout: timedelta = DEFAULT_TIMEOUT
+        self, pg: ProcessGroup | None = None, timeout: timedelta | float = DEFAULT_TIMEOUT
     ) -> None:
         super().__init__()
-        if isinstance(pg, timedelta):  # torchft's positional order: (timeout, pg)
+        if isinstance(pg, (timedelta, int, float)):  # torchft's positional order: (timeout, pg)
             pg, timeout = None, pg
-        if timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        self._timeout = timeout
+        self._timeout = as_timeout(timeout)
         self._wrapped = pg  # the user's inner torchft PG, kept across configures
         self._pg: Any = pg  # what collectives run on now
         self._rank = 0
@@ -73,6 +79,7 @@ class ProcessGroupWrapper(ProcessGroup):
         self._error: Exception | None = None
         self._interrupted = threading.Event()  # set by interrupt_configure()
         self._interrupt_reason = ""
+        self._store_lease: StoreLease | None = None  # the current backend's store client
 
     # -- hooks -------------------------------------------------------------------
     def _create_pg(self, store: Store, rank: int, world_size: int) -> Any:
@@ -80,20 +87,33 @@ class ProcessGroupWrapper(ProcessGroup):
         raise NotImplementedError(f"{type(self).__name__} must implement _create_pg")
 
     def _create_pg_at(self, store_addr: str, rank: int, world_size: int) -> Any:
-        """Build the inner backend for the group at `store_addr` (default: via a store client)."""
-        store = create_store_client(store_addr, self._timeout)
-        self._await_members(store, rank, world_size)
-        return self._create_pg(store, rank, world_size)
+        """Build the inner backend for the group at `store_addr` (default: via a store client).
 
-    def _await_members(self, store: Store, rank: int, world_size: int) -> None:
+        The store client is lent to this backend for its lifetime (see
+        `torchft_pg.store`) and returned when it is retired.
+        """
+        lease = lease_store_client(store_addr, self._timeout)
+        try:
+            self._global_ranks = self._await_members(lease.store, rank, world_size)
+            backend = self._create_pg(lease.store, rank, world_size)
+        except BaseException:
+            lease.release()
+            raise
+        self._store_lease = lease
+        return backend
+
+    def _await_members(self, store: Store, rank: int, world_size: int) -> tuple[int, ...]:
         """Wait until every member reached this configure, or `interrupt_configure` is called.
+
+        Returns each member's global rank (see `resolve_global_ranks`): the
+        presence key a member sets holds its default-group rank.
 
         A backend's own rendezvous (Gloo's connectFullMesh) cannot be interrupted:
         a member that died after the quorum formed would cost everyone the whole
         timeout. Meeting first on the store, polled (0.1 ms doubling to 10 ms) between
         checks of the interrupt flag, lets a known death fail configure at once.
         """
-        store.set(f"torchft_pg/present/{rank}", "1")
+        store.set(f"torchft_pg/present/{rank}", str(own_global_rank()))
         keys = [f"torchft_pg/present/{r}" for r in range(world_size)]
         deadline = time.monotonic() + self._timeout.total_seconds()
         poll_s = 0.0001  # doubling to 10 ms: peers usually arrive within a millisecond
@@ -106,6 +126,12 @@ class ProcessGroupWrapper(ProcessGroup):
                     f"members {missing} did not arrive within {self._timeout}"
                 )
             poll_s = min(poll_s * 2, 0.01)
+        return resolve_global_ranks([_parse_rank(v) for v in store.multi_get(keys)])
+
+    def _release_store(self) -> None:
+        lease, self._store_lease = self._store_lease, None
+        if lease is not None:
+            lease.release()
 
     def interrupt_configure(self, reason: str) -> None:
         """Make a `configure` in progress (or the next one) fail now: a member is known dead."""
@@ -118,6 +144,7 @@ class ProcessGroupWrapper(ProcessGroup):
     def _retire_backend(self, holder: list[Any]) -> None:
         """Dispose of the previous backend (``holder[0]``, its only reference) off-thread."""
         self._abort_backend(holder[0])
+        self._release_store()
         _reaper.retire(holder)
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
@@ -144,17 +171,15 @@ class ProcessGroupWrapper(ProcessGroup):
             "before running collectives"
         )
 
-    def configure(
-        self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
-    ) -> None:
-        validate_configure_args(store_addr, rank, world_size)
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        call = parse_configure_args(args, kwargs)
+        store_addr, rank, world_size = call.store_addr, call.rank, call.world_size
         self._error = None
         self._closed = None
         self._interrupted.clear()
         if self._wrapped is not None:
-            self._wrapped.configure(store_addr, rank, world_size, replica_id=replica_id)
+            self._wrapped.configure(*args, **kwargs)
             self._pg = self._wrapped
-            self._publish_ranks(world_size)
             return
         if self._pg is not None:
             holder, self._pg = [self._pg], None
@@ -170,7 +195,8 @@ class ProcessGroupWrapper(ProcessGroup):
                 f"world_size={world_size}) failed within {self._timeout}: {e}"
             ) from e
         self._rank, self._world_size = rank, world_size
-        self._publish_ranks(world_size)
+        if call.global_ranks is not None:
+            self._global_ranks = call.global_ranks
 
     def _abort_backend(self, pg: Any) -> None:
         abort = getattr(pg, "abort", None)
@@ -180,7 +206,7 @@ class ProcessGroupWrapper(ProcessGroup):
             except Exception as e:  # an abort of an already-broken backend may fail
                 logger.debug("abort of %r failed: %s", pg, e)
 
-    def abort(self) -> None:
+    def abort(self, errored: bool = True) -> None:
         self._closed = self._closed or ProcessGroupAbortedError("process group was aborted")
         self._error = self._error or self._closed
         if self._pg is None:
@@ -188,13 +214,13 @@ class ProcessGroupWrapper(ProcessGroup):
         holder, self._pg = [self._pg], None
         self._abort_backend(holder[0])
         if holder[0] is not self._wrapped:
+            self._release_store()
             _reaper.retire(holder)
 
     def shutdown(self) -> None:
         if self._keep_alive_on_destroy:
             return
         self._closed = self._closed or ProcessGroupAbortedError("process group was shut down")
-        self._publish_ranks(None)
         pg, self._pg = self._pg, None
         if pg is None:
             return
@@ -208,6 +234,7 @@ class ProcessGroupWrapper(ProcessGroup):
             except Exception as e:
                 logger.debug("shutdown of %r failed: %s", pg, e)
         del pg  # synchronous: callers expect sockets released on return
+        self._release_store()
 
     def errored(self) -> Exception | None:
         if self._error is not None:
@@ -216,10 +243,8 @@ class ProcessGroupWrapper(ProcessGroup):
             return self._wrapped.errored()
         return None
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        if timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        self._timeout = timeout
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        timeout = self._timeout = as_timeout(timeout)
         pg = self._pg
         if pg is not None:
             setter = getattr(pg, "set_timeout", None) or getattr(pg, "_set_default_timeout", None)
@@ -230,6 +255,16 @@ class ProcessGroupWrapper(ProcessGroup):
         if self._wrapped is not None:
             return self._wrapped.size()
         return self._world_size
+
+    def global_ranks(self) -> tuple[int, ...]:
+        if self._wrapped is not None:
+            return self._wrapped.global_ranks()
+        return super().global_ranks()
+
+    def _c10d_backend(self) -> str:
+        if self._wrapped is not None:
+            return self._wrapped._c10d_backend()
+        return self.C10D_BACKEND
 
     def rank(self) -> int:
         if self._wrapped is not None:
@@ -401,6 +436,165 @@ class ProcessGroupWrapper(ProcessGroup):
             input_tensors,
             opts or ReduceScatterOptions(),
         )
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions | None = None) -> Work:
+        _checks.tensor_list("reduce", "tensors", tensors)
+        options = opts or ReduceOptions()
+        _checks.root_rank("reduce", options.rootRank, self.size())
+        return self._run("reduce", tensors, tensors, options)
+
+    def gather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: GatherOptions | None = None,
+    ) -> Work:
+        options = opts or GatherOptions()
+        _checks.root_rank("gather", options.rootRank, self.size())
+        _checks.tensor_list("gather", "input_tensors", input_tensors, 1)
+        if self.rank() == options.rootRank:
+            _checks.nested_lists("gather", "output_tensors", output_tensors, 1, self.size())
+        return self._run("gather", output_tensors, output_tensors, input_tensors, options)
+
+    def scatter(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[list[torch.Tensor]],
+        opts: ScatterOptions | None = None,
+    ) -> Work:
+        options = opts or ScatterOptions()
+        _checks.root_rank("scatter", options.rootRank, self.size())
+        _checks.tensor_list("scatter", "output_tensors", output_tensors, 1)
+        if self.rank() == options.rootRank:
+            _checks.nested_lists("scatter", "input_tensors", input_tensors, 1, self.size())
+        return self._run("scatter", output_tensors, output_tensors, input_tensors, options)
+
+    def all_gather_single(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        _checks.gathered_tensor("all_gather_single", output_tensor, input_tensor, self.size())
+        return self._run(
+            "all_gather_single",
+            output_tensor,
+            output_tensor,
+            input_tensor,
+            opts or AllgatherOptions(),
+        )
+
+    _allgather_base = all_gather_single  # the name before torch 2.7, still called by libraries
+
+    def allgather_coalesced(
+        self,
+        output_lists: list[list[torch.Tensor]],
+        input_list: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        _checks.tensor_list("allgather_coalesced", "input_list", input_list)
+        _checks.nested_lists(
+            "allgather_coalesced", "output_lists", output_lists, self.size(), len(input_list)
+        )
+        return self._run(
+            "allgather_coalesced",
+            output_lists,
+            output_lists,
+            input_list,
+            opts or AllgatherOptions(),
+        )
+
+    def all_gather_single_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllgatherOptions | None = None,
+    ) -> Work:
+        return self.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_single(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        _checks.gathered_tensor("reduce_scatter_single", input_tensor, output_tensor, self.size())
+        return self._run(
+            "reduce_scatter_single",
+            output_tensor,
+            output_tensor,
+            input_tensor,
+            opts or ReduceScatterOptions(),
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: ReduceScatterOptions | None = None,
+    ) -> Work:
+        return self.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts)
+
+    def all_to_all_single(
+        self,
+        output_buffer: torch.Tensor,
+        input_buffer: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        return self.alltoall_base(
+            output_buffer, input_buffer, output_split_sizes, input_split_sizes, opts
+        )
+
+    def alltoall(
+        self,
+        output_tensors: list[torch.Tensor],
+        input_tensors: list[torch.Tensor],
+        opts: AllToAllOptions | None = None,
+    ) -> Work:
+        world = self.size()
+        _checks.tensor_list("alltoall", "output_tensors", output_tensors, world)
+        _checks.tensor_list("alltoall", "input_tensors", input_tensors, world)
+        return self._run(
+            "alltoall", output_tensors, output_tensors, input_tensors, opts or AllToAllOptions()
+        )
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """Receive from whichever member sends first; ``work._source_rank()`` says who."""
+        _checks.tensor_list("recv_anysource", "tensors", tensors)
+        if self.size() < 2:
+            raise ValueError("recv_anysource: a group of one member has no one to receive from")
+        return self._run("recv_anysource", tensors, tensors, tag)
+
+    def monitored_barrier(
+        self, timeout: timedelta | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """A barrier that names the members that did not arrive (Gloo only in c10d).
+
+        Blocking, as c10d's is; `timeout` defaults to this group's.
+        """
+        self.parent.monitored_barrier(timeout or self._timeout, wait_all_ranks=wait_all_ranks)
+
+
+def as_timeout(timeout: object) -> timedelta:
+    """A positive timedelta from a timedelta or a number of seconds (torchft takes both)."""
+    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+        timeout = timedelta(seconds=timeout)
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a timedelta or seconds, got {timeout!r}")
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout
+
+
+def _parse_rank(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return -1  # a member of an older version wrote a bare marker
 
 
 def _is_timeout(e: BaseException) -> bool:
