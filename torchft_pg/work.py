@@ -14,6 +14,7 @@ from typing import Any
 from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
 from torch.futures import Future
 
+from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.futures import ProxyFuture
 
 __all__ = [
@@ -181,8 +182,6 @@ class AbortableWork(Work):
         self._future: Future[Any] | None = None
 
     def _aborted(self) -> Exception:
-        from torchft_pg.errors import ProcessGroupAbortedError
-
         return ProcessGroupAbortedError(f"collective aborted: {self._signal.error}")
 
     def _completion(self) -> Future[Any]:
@@ -214,8 +213,6 @@ class AbortableWork(Work):
             if self._signal.error is not None:
                 raise self._aborted()
             if not finished:
-                from torchft_pg.errors import ProcessGroupTimeoutError
-
                 raise ProcessGroupTimeoutError(f"collective did not finish within {limit_s} s")
         future.value()  # raises the op's own error
         return True

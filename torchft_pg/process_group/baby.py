@@ -34,7 +34,6 @@ import torchft_pg
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError, ProcessGroupTimeoutError
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
-from torchft_pg.store import lease_store_client
 
 __all__ = ["ProcessGroupBaby", "ProcessGroupBabyGloo", "ProcessGroupBabyNCCL"]
 
@@ -361,11 +360,7 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         child = self._live_child()
         # Meet on the store here, as every torchft_pg group does, so a Baby member
         # and a Gloo member can share a prefix and a known death interrupts us.
-        lease = lease_store_client(store_addr, self._timeout)
-        try:
-            self._global_ranks = self._await_members(lease.store, rank, world_size)
-        finally:
-            lease.release()
+        self._meet_at(store_addr, rank, world_size).release()
         child.configure(store_addr, rank, world_size, self._timeout)
         return child
 

@@ -92,15 +92,27 @@ class ProcessGroupWrapper(ProcessGroup):
         The store client is lent to this backend for its lifetime (see
         `torchft_pg.store`) and returned when it is retired.
         """
-        lease = lease_store_client(store_addr, self._timeout)
+        lease = self._meet_at(store_addr, rank, world_size)
         try:
-            self._global_ranks = self._await_members(lease.store, rank, world_size)
             backend = self._create_pg(lease.store, rank, world_size)
         except BaseException:
             lease.release()
             raise
         self._store_lease = lease
         return backend
+
+    def _meet_at(self, store_addr: str, rank: int, world_size: int) -> StoreLease:
+        """Borrow a store client for `store_addr` and meet every member there.
+
+        Records the members' global ranks; the caller owns (and releases) the lease.
+        """
+        lease = lease_store_client(store_addr, self._timeout)
+        try:
+            self._global_ranks = self._await_members(lease.store, rank, world_size)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
 
     def _await_members(self, store: Store, rank: int, world_size: int) -> tuple[int, ...]:
         """Wait until every member reached this configure, or `interrupt_configure` is called.
