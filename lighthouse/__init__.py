@@ -7,6 +7,7 @@ Public API::
     ManagerServer      one per replica group (group rank 0): gathers local ranks, commit vote
     ManagerClient      every rank: quorum(...), should_commit(...), subscribe_failures(...)
     Quorum, QuorumMember, QuorumResult, FailureNotice, LeaseRecall   frozen value types
+    Timestamp          Quorum.created: a UTC datetime with torchft's seconds/nanos
 """
 
 from lighthouse.client import FailureSubscription, LighthouseClient, ManagerClient
@@ -22,7 +23,14 @@ from lighthouse.manager_server import ManagerServer
 from lighthouse.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
 from lighthouse.ranks import compute_quorum_result
 from lighthouse.server import LighthouseServer
-from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember, QuorumResult
+from lighthouse.types import (
+    FailureNotice,
+    LeaseRecall,
+    Quorum,
+    QuorumMember,
+    QuorumResult,
+    Timestamp,
+)
 
 __all__ = [
     "Clock",
@@ -46,6 +54,7 @@ __all__ = [
     "QuorumResult",
     "QuorumState",
     "QuorumTimeoutError",
+    "Timestamp",
     "compute_quorum_result",
     "decide_quorum",
 ]

@@ -1,6 +1,6 @@
 """``python -m lighthouse`` / ``torchft-pg-lighthouse``: run a lighthouse until SIGINT/SIGTERM.
 
-Prints one line ``lighthouse listening on HOST:PORT (epoch E) status http://...``
+Prints one line ``lighthouse listening on http://HOST:PORT (epoch E) status http://...``
 once serving, then logs why each quorum is (not yet) formed.
 """
 
@@ -31,19 +31,41 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--bind", default=DEFAULT_BIND, help="gRPC listen address host:port")
-    p.add_argument("--min-replicas", type=int, default=DEFAULT_MIN_REPLICAS,
-                   help="fewest replica groups for a quorum (the fast path ignores it)")
-    p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS,
-                   help="milliseconds to wait for live replicas that have not asked yet")
-    p.add_argument("--quorum-tick-ms", type=int, default=DEFAULT_QUORUM_TICK_MS,
-                   help="milliseconds between background re-evaluations")
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=DEFAULT_HEARTBEAT_TIMEOUT_MS,
-                   help="milliseconds of silence before a replica is declared dead "
-                        "(a closed liveness stream declares it dead at once)")
-    p.add_argument("--no-quorum-lease", action="store_true",
-                   help="grant no quorum leases: every step is a full quorum round")
-    p.add_argument("--http-bind", default=DEFAULT_HTTP_BIND,
-                   help="dashboard, /status and /metrics host:port; 'none' to disable")
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=DEFAULT_MIN_REPLICAS,
+        help="fewest replica groups for a quorum (the fast path ignores it)",
+    )
+    p.add_argument(
+        "--join-timeout-ms",
+        type=int,
+        default=DEFAULT_JOIN_TIMEOUT_MS,
+        help="milliseconds to wait for live replicas that have not asked yet",
+    )
+    p.add_argument(
+        "--quorum-tick-ms",
+        type=int,
+        default=DEFAULT_QUORUM_TICK_MS,
+        help="milliseconds between background re-evaluations",
+    )
+    p.add_argument(
+        "--heartbeat-timeout-ms",
+        type=int,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        help="milliseconds of silence before a replica is declared dead "
+        "(a closed liveness stream declares it dead at once)",
+    )
+    p.add_argument(
+        "--no-quorum-lease",
+        action="store_true",
+        help="grant no quorum leases: every step is a full quorum round",
+    )
+    p.add_argument(
+        "--http-bind",
+        default=DEFAULT_HTTP_BIND,
+        help="dashboard, /status and /metrics host:port; 'none' to disable",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p

@@ -10,7 +10,6 @@ the server's reason. Bad arguments raise ``ValueError`` before anything is sent.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -163,22 +162,28 @@ class LighthouseClient:
     ) -> Quorum:
         """Ask for a quorum and wait (up to ``timeout``) until one containing us forms.
 
-        ``data``: JSON text, or any JSON-serializable value (encoded here).
+        ``data``: any JSON-serializable value (torchft passes a dict), or None.
+        It travels as JSON text, and every participant of the returned quorum
+        carries its sender's value decoded again (``json.loads``: tuples come
+        back as lists, non-str dict keys as str), or None if it sent none. A
+        ``str`` is sent as a JSON string, not parsed. Raises ``TypeError`` /
+        ``ValueError`` before sending for a value JSON cannot hold (NaN and
+        infinity included) or one over 64 KiB encoded, and ``FaultToleranceError``
+        if the reply carries data that is not JSON text.
         """
-        text = data if isinstance(data, str) else ("" if data is None else json.dumps(data))
-        member = validate.check_member(
-            QuorumMember(
-                replica_id=replica_id,
-                address=address,
-                store_address=store_address,
-                step=step,
-                world_size=world_size,
-                shrink_only=shrink_only,
-                data=text,
-                commit_failures=commit_failures,
-                step_time_ms=step_time_ms,
-            )
+        text = validate.encode_data(data)
+        member = QuorumMember(
+            replica_id=replica_id,
+            address=address,
+            store_address=store_address,
+            step=step,
+            world_size=world_size,
+            shrink_only=shrink_only,
+            data=data,
+            commit_failures=commit_failures,
+            step_time_ms=step_time_ms,
         )
+        validate.check_member(validate.with_data_json(member, text))
         reply = call_with_retries(
             self._quorum,
             wire.encode_lighthouse_quorum_request(member),
@@ -188,7 +193,12 @@ class LighthouseClient:
             connect_timeout_s=self._connect_s,
             unavailable=LighthouseUnavailableError,
         )
-        return wire.decode_lighthouse_quorum_response(reply)
+        try:
+            return wire.decode_lighthouse_quorum_response(reply)
+        except ValueError as exc:
+            raise FaultToleranceError(
+                f"quorum request of {replica_id!r}: malformed reply from {self._addr}: {exc}"
+            ) from exc
 
     def heartbeat(self, replica_id: str, timeout: timedelta = timedelta(seconds=5)) -> str:
         """Tell the lighthouse ``replica_id`` is alive; returns the lighthouse epoch."""

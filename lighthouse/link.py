@@ -214,7 +214,12 @@ class LighthouseLink:
                 raise timeout
             reply, code, details = await self._ask(payload, remaining)
             if reply is not None:
-                return wire.decode_leased_quorum_response(reply)
+                try:
+                    return wire.decode_leased_quorum_response(reply)
+                except ValueError as exc:  # e.g. a member's data is not JSON text
+                    raise FaultToleranceError(
+                        f"lighthouse at {self._lh_addr} sent a malformed quorum reply: {exc}"
+                    ) from exc
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise timeout
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):

@@ -90,7 +90,8 @@ class QuorumState:
     def __init__(self, epoch: str) -> None:
         """``epoch``: the lighthouse's random start-up id, stamped on every quorum."""
         self.epoch = epoch
-        self.seen: OrderedDict[str, float] = OrderedDict()  # replica id -> last seen (s), oldest first
+        # replica id -> last seen (s), oldest first
+        self.seen: OrderedDict[str, float] = OrderedDict()
         self.pending: dict[str, _Pending] = {}  # insertion order == join order
         self.last_member: dict[str, QuorumMember] = {}  # latest request of each live replica
         self.prev: Quorum | None = None
@@ -196,7 +197,11 @@ class QuorumState:
         Requesters left out (shrink_only) stay pending with a fresh join time.
         """
         ids = tuple(m.replica_id for m in members)
-        if self.prev is None or ids != self._prev_ids or any(m.commit_failures > 0 for m in members):
+        if (
+            self.prev is None
+            or ids != self._prev_ids
+            or any(m.commit_failures > 0 for m in members)
+        ):
             self.quorum_id += 1
         quorum = Quorum(self.quorum_id, self.epoch, members, created_unix_ms)
         for rid in ids:
@@ -259,7 +264,9 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     members = state.candidates(shrink)
     if not members:
         return Decision(
-            None, f"not ready: shrink_only and no asker was in the previous quorum {tail}", "shrink_empty"
+            None,
+            f"not ready: shrink_only and no asker was in the previous quorum {tail}",
+            "shrink_empty",
         )
     reason = f"quorum of {len(members)}: {n} of {live} live replicas asked"
     if stragglers > 0:

@@ -71,18 +71,43 @@ def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
     ]
 
 
+_MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
+
+
+def _ms_arg(name: str, value: int | None, default: int, minimum: int) -> int:
+    """A milliseconds argument: None means ``default``; otherwise an int (not a
+    bool or float) in ``[minimum, 2**31 - 1]``."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int number of milliseconds or None, got {value!r}")
+    if not minimum <= value <= _MAX_MS:
+        raise ValueError(f"{name} must be in [{minimum}, {_MAX_MS}] milliseconds, got {value}")
+    return value
+
+
 class LighthouseServer:
     """One lighthouse per job: decides every quorum and detects dead replicas.
 
+    The first five parameters are torchft's ``LighthouseServer`` signature, with
+    None meaning "the default" as there. The defaults are ours, the same as the
+    ``python -m lighthouse`` flags: they differ from torchft's Python binding
+    (join 100 ms, tick 100 ms, heartbeat 5000 ms) only in ``join_timeout_ms``,
+    10_000 ms here (``quorum.DEFAULT_JOIN_TIMEOUT_MS``). Pass
+    ``join_timeout_ms=100`` for torchft's timing.
+
     Args:
         bind: gRPC listen address, ``host:port`` (port 0 picks a free one).
-        min_replicas: fewest replica groups for a (non-fast) quorum.
-        join_timeout_ms: milliseconds to wait for live replicas that have not
-            asked yet, counted from the first pending request.
-        quorum_tick_ms: milliseconds between background re-evaluations.
-        heartbeat_timeout_ms: milliseconds of silence after which a replica
-            without a pending request is declared dead (fallback; a closed
-            liveness stream declares it dead at once).
+        min_replicas: fewest replica groups for a (non-fast) quorum, an int >= 1.
+        join_timeout_ms: milliseconds (int >= 0) to wait for live replicas that
+            have not asked yet, counted from the first pending request;
+            None = ``DEFAULT_JOIN_TIMEOUT_MS`` (10_000).
+        quorum_tick_ms: milliseconds (int >= 1) between background
+            re-evaluations; None = ``DEFAULT_QUORUM_TICK_MS`` (100).
+        heartbeat_timeout_ms: milliseconds (int >= 1) of silence after which a
+            replica without a pending request is declared dead (fallback; a
+            closed liveness stream declares it dead at once);
+            None = ``DEFAULT_HEARTBEAT_TIMEOUT_MS`` (5000).
         quorum_lease: grant quorum leases, so members skip the lighthouse on
             steps where nothing changes (``lighthouse.lease``); False makes every
             step a full quorum round, as in torchft.
@@ -92,23 +117,33 @@ class LighthouseServer:
             or the machine's host name for a wildcard bind.
         clock: time source (seconds); tests inject a ``FakeClock``.
         epoch: override the random start-up id (tests only).
+
+    Every millisecond argument must be at most 2**31 - 1. A wrong type raises
+    ``TypeError`` and a value out of range ``ValueError``, each naming the value.
     """
 
     def __init__(
         self,
         bind: str = "[::]:0",
         min_replicas: int = DEFAULT_MIN_REPLICAS,
-        join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
-        quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS,
-        heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS,
+        join_timeout_ms: int | None = None,
+        quorum_tick_ms: int | None = None,
+        heartbeat_timeout_ms: int | None = None,
         quorum_lease: bool = True,
         http_bind: str | None = None,
         hostname: str | None = None,
         clock: Clock | None = None,
         epoch: str | None = None,
     ) -> None:
-        if quorum_tick_ms <= 0:
-            raise ValueError(f"quorum_tick_ms must be > 0, got {quorum_tick_ms}")
+        if not isinstance(bind, str):
+            raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
+        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
+            raise TypeError(f"min_replicas must be an int, got {min_replicas!r}")
+        join_timeout_ms = _ms_arg("join_timeout_ms", join_timeout_ms, DEFAULT_JOIN_TIMEOUT_MS, 0)
+        quorum_tick_ms = _ms_arg("quorum_tick_ms", quorum_tick_ms, DEFAULT_QUORUM_TICK_MS, 1)
+        heartbeat_timeout_ms = _ms_arg(
+            "heartbeat_timeout_ms", heartbeat_timeout_ms, DEFAULT_HEARTBEAT_TIMEOUT_MS, 1
+        )
         self.config = QuorumConfig(
             min_replicas=min_replicas,
             join_timeout_s=join_timeout_ms / 1000,
@@ -195,7 +230,13 @@ class LighthouseServer:
         self.shutdown()
 
     def address(self) -> str:
-        """``host:port`` for clients (``[v6]:port`` for IPv6 literals)."""
+        """``http://host:port`` (``http://[v6]:port``) for clients, as torchft's
+        ``address()`` returns it. Every client here and ``ManagerServer`` accept
+        it as is; raw gRPC channels need ``bare_address()``."""
+        return f"http://{self.bare_address()}"
+
+    def bare_address(self) -> str:
+        """``host:port`` (``[v6]:port``) without the scheme, for ``grpc.insecure_channel``."""
         return join_host_port(self._host, self._port)
 
     @property

@@ -19,7 +19,24 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger("lighthouse.http")
 
-_LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+)
 
 
 class LighthouseMetrics:
@@ -32,7 +49,9 @@ class LighthouseMetrics:
         self.new_ids = Counter(
             "lighthouse_quorum_id_changes", "Quorums issued with a new quorum id", registry=r
         )
-        self.members = Gauge("lighthouse_quorum_members", "Members of the latest quorum", registry=r)
+        self.members = Gauge(
+            "lighthouse_quorum_members", "Members of the latest quorum", registry=r
+        )
         self.latency = Histogram(
             "lighthouse_quorum_latency_seconds",
             "From the first request of a round to its quorum, in seconds",
@@ -114,8 +133,10 @@ class StatusHTTPServer:
         self._httpd = server_cls((host, port), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
-            name="lighthouse-http", daemon=True,
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="lighthouse-http",
+            daemon=True,
         )
         self._thread.start()
 

@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import timedelta
 
-from lighthouse.client import LighthouseClient, ManagerClient
+from lighthouse.client import LighthouseClient, ManagerClient, normalize_address
 from lighthouse.errors import FaultToleranceError
 from lighthouse.manager_server import ManagerServer
 
@@ -25,8 +25,12 @@ from lighthouse.manager_server import ManagerServer
 def run_replica(args: argparse.Namespace) -> int:
     """One replica group of one rank; stops after ``--rounds`` quorums."""
     server = ManagerServer(
-        args.replica_id, args.lighthouse, bind="127.0.0.1:0", store_addr="127.0.0.1:1",
-        world_size=1, connect_timeout=timedelta(seconds=10),
+        args.replica_id,
+        args.lighthouse,
+        bind="127.0.0.1:0",
+        store_addr="127.0.0.1:1",
+        world_size=1,
+        connect_timeout=timedelta(seconds=10),
     )
     client = ManagerClient(server.address())
     notices: list[list[str]] = []
@@ -37,14 +41,28 @@ def run_replica(args: argparse.Namespace) -> int:
     try:
         for _ in range(args.rounds):
             try:
-                r = client.quorum(0, step, "", False, timedelta(seconds=args.timeout_s), init_sync=False)
+                r = client.quorum(
+                    0, step, "", False, timedelta(seconds=args.timeout_s), init_sync=False
+                )
             except FaultToleranceError as exc:
-                print(json.dumps({"event": "error", "t": time.monotonic(), "error": str(exc)}), flush=True)
+                print(
+                    json.dumps({"event": "error", "t": time.monotonic(), "error": str(exc)}),
+                    flush=True,
+                )
                 continue
-            print(json.dumps({
-                "event": "quorum", "t": time.monotonic(), "quorum_id": r.quorum_id,
-                "epoch": r.epoch, "size": r.replica_world_size, "notices": len(notices),
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "event": "quorum",
+                        "t": time.monotonic(),
+                        "quorum_id": r.quorum_id,
+                        "epoch": r.epoch,
+                        "size": r.replica_world_size,
+                        "notices": len(notices),
+                    }
+                ),
+                flush=True,
+            )
             step += 1
             if args.step_ms > 0:
                 time.sleep(args.step_ms / 1000)  # simulated training step
@@ -100,8 +118,17 @@ def run_client(args: argparse.Namespace) -> int:
         for _ in range(args.rounds):
             client.quorum(args.replica_id, timeout)
         elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
-    print(json.dumps({"replica_id": args.replica_id, "rounds": args.rounds, "elapsed_s": elapsed,
-                      "cpu_s": cpu}), flush=True)
+    print(
+        json.dumps(
+            {
+                "replica_id": args.replica_id,
+                "rounds": args.rounds,
+                "elapsed_s": elapsed,
+                "cpu_s": cpu,
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -117,13 +144,22 @@ async def _sim(addr: str, n: int, rounds: int, stream: bool) -> list[float]:
     channels = [grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) for _ in range(4)]
     unary = [c.unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/Quorum") for c in channels]
     streams = (
-        [channels[i % 4].stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/QuorumStream")() for i in range(n)]
-        if stream else []
+        [
+            channels[i % 4].stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/QuorumStream")()
+            for i in range(n)
+        ]
+        if stream
+        else []
     )
     reqs = [
         wire.encode_lighthouse_quorum_request(
-            QuorumMember(f"sim{i:05d}", address=f"127.0.0.1:{20000 + i}",
-                         store_address=f"127.0.0.1:{30000 + i}", step=7, world_size=8)
+            QuorumMember(
+                f"sim{i:05d}",
+                address=f"127.0.0.1:{20000 + i}",
+                store_address=f"127.0.0.1:{30000 + i}",
+                step=7,
+                world_size=8,
+            )
         )
         for i in range(n)
     ]
@@ -169,20 +205,26 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lighthouse.testing")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("replica", help="a one-rank replica group looping over quorums")
-    r.add_argument("--lighthouse", required=True)
+    r.add_argument(
+        "--lighthouse", required=True, type=normalize_address, help="host:port or http://host:port"
+    )
     r.add_argument("--replica-id", required=True)
     r.add_argument("--rounds", type=int, default=1000)
     r.add_argument("--step-ms", type=float, default=20.0, help="simulated step, milliseconds")
     r.add_argument("--timeout-s", type=float, default=10.0, help="quorum timeout, seconds")
     c = sub.add_parser("client", help="a bare LighthouseClient timing quorum rounds")
-    c.add_argument("--lighthouse", required=True)
+    c.add_argument(
+        "--lighthouse", required=True, type=normalize_address, help="host:port or http://host:port"
+    )
     c.add_argument("--replica-id", required=True)
     c.add_argument("--warmup", type=int, default=20)
     c.add_argument("--rounds", type=int, default=200)
     c.add_argument("--timeout-s", type=float, default=30.0, help="quorum timeout, seconds")
     c.add_argument("--stream", action="store_true", help="use a persistent QuorumStream (asyncio)")
     m = sub.add_parser("sim", help="many simulated replicas in one process")
-    m.add_argument("--lighthouse", required=True)
+    m.add_argument(
+        "--lighthouse", required=True, type=normalize_address, help="host:port or http://host:port"
+    )
     m.add_argument("-n", type=int, required=True)
     m.add_argument("--rounds", type=int, default=5)
     m.add_argument("--stream", action="store_true")

@@ -7,6 +7,56 @@ the gRPC messages.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+_UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class Timestamp(datetime):
+    """A timezone-aware UTC ``datetime`` that also reads like torchft's ``Timestamp``.
+
+    torchft's ``Quorum.created`` is a protobuf-style ``(seconds, nanos)`` pair;
+    this is a real ``datetime`` (compare it, subtract it, format it) that also
+    answers ``seconds`` and ``nanos``, so code written against either shape works.
+    Our lighthouse stamps quorums to the millisecond, so ``nanos`` is a
+    multiple of 1_000_000 for the stamps it makes.
+    """
+
+    @classmethod
+    def from_unix_ms(cls, unix_ms: int) -> Timestamp:
+        """The instant ``unix_ms`` milliseconds after 1970-01-01T00:00:00Z (exact, no
+        float); ``ValueError`` outside years 1..9999."""
+        try:
+            dt = _UNIX_EPOCH + timedelta(milliseconds=unix_ms)
+        except OverflowError:
+            raise ValueError(f"unix_ms must fall in years 1..9999, got {unix_ms}") from None
+        return cls(
+            dt.year,
+            dt.month,
+            dt.day,
+            dt.hour,
+            dt.minute,
+            dt.second,
+            dt.microsecond,
+            tzinfo=timezone.utc,
+        )
+
+    def _since_epoch(self) -> timedelta:
+        # A naive value (only from .replace(tzinfo=None)) is read as UTC.
+        aware: datetime = self if self.tzinfo is not None else self.replace(tzinfo=timezone.utc)
+        return aware - _UNIX_EPOCH
+
+    @property
+    def seconds(self) -> int:
+        """Whole seconds since the Unix epoch (floor, as in protobuf's Timestamp)."""
+        d = self._since_epoch()
+        return d.days * 86_400 + d.seconds
+
+    @property
+    def nanos(self) -> int:
+        """Nanoseconds past ``seconds`` (0 <= nanos < 1_000_000_000)."""
+        return self._since_epoch().microseconds * 1000
 
 
 @dataclass(frozen=True)
@@ -20,7 +70,10 @@ class QuorumMember:
         step: the group's committed step (>= 0).
         world_size: ranks in the replica group (0 = unknown, bare clients only).
         shrink_only: ask for a quorum that only removes members.
-        data: opaque user JSON text ("" = none).
+        data: the caller's opaque value, as ``json.loads`` gives it back (a dict
+            for torchft callers); None = none sent. The lighthouse never reads
+            it; on the wire it is JSON text ("" = None), see ``validate.encode_data``.
+            Excluded from ``hash()`` (a dict is unhashable) but not from ``==``.
         commit_failures: consecutive failed commits; > 0 forces a new quorum id.
         step_time_ms: telemetry, the group's last step duration in milliseconds (0 = unknown).
         checkpoint_metadata: per group rank, what a healing peer needs to fetch
@@ -33,7 +86,7 @@ class QuorumMember:
     step: int = 0
     world_size: int = 0
     shrink_only: bool = False
-    data: str = ""
+    data: Any = field(default=None, hash=False)
     commit_failures: int = 0
     step_time_ms: float = 0.0
     checkpoint_metadata: tuple[str, ...] = ()
@@ -45,7 +98,9 @@ class Quorum:
 
     ``(epoch, quorum_id)`` names one membership and never repeats, even across
     lighthouse restarts (the epoch is random per lighthouse start-up).
-    ``created_unix_ms`` is the wall clock at formation in milliseconds.
+    ``created_unix_ms`` is the lighthouse's wall clock at formation in
+    milliseconds since the Unix epoch (0 = unknown); ``created`` is the same
+    instant as a UTC ``datetime`` (torchft's attribute name).
     """
 
     quorum_id: int
@@ -57,6 +112,12 @@ class Quorum:
     def replica_ids(self) -> list[str]:
         """Participants' replica ids in replica-rank order."""
         return [m.replica_id for m in self.participants]
+
+    @property
+    def created(self) -> Timestamp:
+        """When the lighthouse formed this quorum: a timezone-aware UTC ``datetime``
+        (millisecond precision) with torchft's ``seconds``/``nanos`` too."""
+        return Timestamp.from_unix_ms(self.created_unix_ms)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Any
 
 from lighthouse.types import QuorumMember
 
@@ -39,18 +40,74 @@ def check_step(name: str, value: int) -> int:
     return value
 
 
-def check_data(data: str) -> str:
-    """Empty, or JSON text of at most MAX_DATA_BYTES bytes."""
-    if not data:
-        return data
-    size = len(data.encode("utf-8", "surrogatepass"))
+# Where a member keeps the wire text its ``data`` was decoded from (beside its
+# dataclass fields, not one of them: ==, repr and asdict ignore it).
+DATA_JSON_KEY = "_data_json"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON (only finite numbers are)")
+
+
+def _check_data_size(text: str) -> None:
+    size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_DATA_BYTES:
         raise ValueError(f"data must be at most {MAX_DATA_BYTES} bytes of JSON, got {size} bytes")
+
+
+def encode_data(value: Any) -> str:
+    """A member's ``data`` value -> its wire text: "" for None, else strict JSON
+    (finite numbers only) of at most MAX_DATA_BYTES bytes.
+
+    A ``str`` is a JSON string like any other value (it is not parsed), so the
+    receiver gets back exactly the value sent. Raises ``TypeError`` for values
+    JSON cannot hold and ``ValueError`` for NaN/infinity, cycles or oversize.
+    """
+    if value is None:
+        return ""
     try:
-        json.loads(data)
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except TypeError as exc:
+        raise TypeError(
+            "data must be JSON-serializable (dict, list, str, int, float, bool, None), "
+            f"got {type(value).__name__}: {exc}"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(
+            f"data must be JSON-serializable, got {type(value).__name__}: {exc}"
+        ) from None
+    _check_data_size(text)
+    return text
+
+
+def decode_data(text: str) -> Any:
+    """Wire text -> a member's ``data`` value: None for "", else the parsed JSON.
+
+    Only ``json.loads`` ever reads it (never eval or pickle); text that is not
+    strict JSON (NaN, trailing garbage, nesting past the recursion limit)
+    raises ``ValueError``.
+    """
+    if not text:
+        return None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError(f"data must be JSON text, got {text[:64]!r}: nested too deeply") from None
     except ValueError as exc:
-        raise ValueError(f"data must be JSON text, got {data[:64]!r}: {exc}") from None
-    return data
+        raise ValueError(f"data must be JSON text, got {text[:64]!r}: {exc}") from None
+
+
+def member_data_json(m: QuorumMember) -> str:
+    """``m.data``'s wire text: the text it was decoded from, else freshly encoded."""
+    cached: str | None = m.__dict__.get(DATA_JSON_KEY)
+    return encode_data(m.data) if cached is None else cached
+
+
+def with_data_json(m: QuorumMember, text: str) -> QuorumMember:
+    """Remember ``text`` as ``m.data``'s wire text (it must encode ``m.data``), so
+    a member relayed unchanged is not re-encoded. ``dataclasses.replace`` drops it."""
+    m.__dict__[DATA_JSON_KEY] = text
+    return m
 
 
 def check_member(m: QuorumMember) -> QuorumMember:
@@ -70,7 +127,7 @@ def check_member(m: QuorumMember) -> QuorumMember:
         )
     if not math.isfinite(m.step_time_ms) or m.step_time_ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {m.step_time_ms}")
-    check_data(m.data)
+    _check_data_size(member_data_json(m))
     size = sum(map(len, m.checkpoint_metadata))
     if size > MAX_METADATA_BYTES:
         raise ValueError(

@@ -3,12 +3,17 @@
 Every function turns bytes into ``lighthouse.types`` values or back, so servers
 and clients register raw-bytes gRPC handlers and never see a message object.
 Parsing raises ``ValueError`` with the message name on malformed bytes.
+
+A member's ``data`` travels as JSON text and is a decoded value everywhere
+else (``validate.encode_data`` / ``decode_data``); a decoded member keeps its
+text so that the lighthouse relays what it received without re-encoding it.
 """
 
 from __future__ import annotations
 
 from google.protobuf.message import DecodeError
 
+from lighthouse import validate
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember, QuorumResult
 
@@ -33,7 +38,7 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.step = m.step
     out.world_size = m.world_size
     out.shrink_only = m.shrink_only
-    out.data = m.data
+    out.data = validate.member_data_json(m)
     out.commit_failures = m.commit_failures
     out.step_time_ms = m.step_time_ms
     if m.checkpoint_metadata:
@@ -41,6 +46,12 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
 
 
 def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
+    """Raises ``ValueError`` naming the member if its data is not JSON text."""
+    text = p.data
+    try:
+        data = validate.decode_data(text)
+    except ValueError as exc:
+        raise ValueError(f"QuorumMember {p.replica_id[:64]!r}: {exc}") from None
     # Filled in directly rather than through the frozen dataclass's __init__
     # (3x faster: every rank decodes every member of every quorum, each step).
     m = object.__new__(QuorumMember)
@@ -51,12 +62,12 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         step=p.step,
         world_size=p.world_size,
         shrink_only=p.shrink_only,
-        data=p.data,
+        data=data,
         commit_failures=p.commit_failures,
         step_time_ms=p.step_time_ms,
         checkpoint_metadata=tuple(p.checkpoint_metadata),
     )
-    return m
+    return validate.with_data_json(m, text)  # relayed as received, never re-encoded
 
 
 def _quorum_from_pb(p: pb.Quorum) -> Quorum:

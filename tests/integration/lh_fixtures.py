@@ -36,8 +36,12 @@ class Proc:
 
     def __init__(self, args: list[str]) -> None:
         self.popen = subprocess.Popen(
-            [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+            [sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -51,7 +55,9 @@ class Proc:
         """The next stdout line, waiting at most ``timeout_s`` seconds."""
         return self.lines.get(timeout=timeout_s)
 
-    def wait_event(self, pred: Callable[[dict[str, Any]], bool], timeout_s: float) -> dict[str, Any]:
+    def wait_event(
+        self, pred: Callable[[dict[str, Any]], bool], timeout_s: float
+    ) -> dict[str, Any]:
         """The first JSON line matching ``pred`` within ``timeout_s`` seconds."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -84,5 +90,16 @@ def processes(*arg_lists: list[str]) -> Iterator[list[Proc]]:
 
 
 def replica_args(lighthouse_addr: str, replica_id: str, step_ms: float = 20.0) -> list[str]:
-    return ["-m", "lighthouse.testing", "replica", "--lighthouse", lighthouse_addr,
-            "--replica-id", replica_id, "--rounds", "100000", "--step-ms", str(step_ms)]
+    return [
+        "-m",
+        "lighthouse.testing",
+        "replica",
+        "--lighthouse",
+        lighthouse_addr,
+        "--replica-id",
+        replica_id,
+        "--rounds",
+        "100000",
+        "--step-ms",
+        str(step_ms),
+    ]

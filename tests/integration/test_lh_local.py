@@ -6,10 +6,17 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
-from lighthouse import FailureNotice, ManagerClient, QuorumRejectedError, QuorumTimeoutError
+from lighthouse import (
+    FailureNotice,
+    ManagerClient,
+    ManagerServer,
+    QuorumRejectedError,
+    QuorumTimeoutError,
+)
 from lighthouse.local import LocalManagerClient
 from tests.integration.lh_fixtures import lighthouse
 from tests.integration.test_lh_manager import in_threads, managers
@@ -101,9 +108,7 @@ def test_local_failure_subscription_hears_a_peer_die() -> None:
         sub = local.subscribe_failures(on_notice)
         try:
             assert sub.wait_ready(T)
-            in_threads(
-                [lambda i=i: ms[i].quorum_local(_request(), 10.0).result(10) for i in (0, 1)]
-            )
+            in_threads([partial(_quorum_now, m) for m in ms])
             ms[1].shutdown(leave=False)  # a crash, as the lighthouse sees it
             assert heard.wait(10)
             assert got[0].dead_replica_ids == (ms[1].replica_id,)
@@ -122,3 +127,8 @@ def _request() -> dict[str, object]:
         "commit_failures": 0,
         "step_time_ms": 0.0,
     }
+
+
+def _quorum_now(ms: ManagerServer) -> object:
+    """Group rank 0 of ``ms``'s one-rank group asks in-process; waits up to 10 s."""
+    return ms.quorum_local(_request(), 10.0).result(10)

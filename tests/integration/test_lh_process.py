@@ -37,8 +37,18 @@ def test_sigkill_of_one_group_survivors_get_next_quorum_within_half_a_second() -
 
 
 def test_cli_serves_quorums_and_status_and_stops_on_sigterm() -> None:
-    args = ["-m", "lighthouse", "--bind", "127.0.0.1:0", "--http-bind", "127.0.0.1:0",
-            "--min-replicas", "1", "--join-timeout-ms", "100"]
+    args = [
+        "-m",
+        "lighthouse",
+        "--bind",
+        "127.0.0.1:0",
+        "--http-bind",
+        "127.0.0.1:0",
+        "--min-replicas",
+        "1",
+        "--join-timeout-ms",
+        "100",
+    ]
     with processes(args) as (proc,):
         line = proc.next_line(30)
         m = re.match(r"lighthouse listening on (\S+) \(epoch (\w+)\) status (\S+)", line)

@@ -18,6 +18,7 @@ from lighthouse import (
     LighthouseClient,
     LighthouseUnavailableError,
     QuorumTimeoutError,
+    validate,
     wire,
 )
 from lighthouse.types import Quorum, QuorumMember
@@ -59,7 +60,7 @@ def test_quorum_and_heartbeat_over_grpc() -> None:
         assert got["a"] == got["b"]
         q = got["a"]
         assert q.replica_ids == ["a", "b"] and q.epoch == lh.epoch and q.quorum_id == 1
-        assert json.loads(q.participants[0].data) == {"k": [1]}
+        assert q.participants[0].data == {"k": [1]}
         assert LighthouseClient(lh.address()).heartbeat("a") == lh.epoch
         again = ask_all(lh.address(), ["a", "b"], step=4)
         assert again["a"].quorum_id == 1  # same membership, same id
@@ -70,14 +71,18 @@ def test_bad_input_is_refused_with_a_clear_reason() -> None:
         client = LighthouseClient(lh.address())
         with pytest.raises(ValueError, match="replica_id must be a non-empty string"):
             client.quorum("", T)
-        with pytest.raises(ValueError, match="data must be JSON text"):
-            client.quorum("a", T, data="{oops")
-        raw = grpc.insecure_channel(lh.address()).unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/Quorum")
+        with pytest.raises(ValueError, match="data must be JSON-serializable"):
+            client.quorum("a", T, data={"x": float("nan")})
+        with pytest.raises(TypeError, match="data must be JSON-serializable"):
+            client.quorum("a", T, data={"x": object()})
+        raw = grpc.insecure_channel(lh.bare_address()).unary_unary(
+            f"/{wire.LIGHTHOUSE_SERVICE}/Quorum"
+        )
         cases = [
             (QuorumMember(""), "replica_id must be a non-empty string"),
             (QuorumMember("a", step=-4), "step must be >= 0, got -4"),
             (QuorumMember("a", address="h:1", world_size=0), "world_size must be >= 1"),
-            (QuorumMember("a", data="[1,"), "data must be JSON text"),
+            (validate.with_data_json(QuorumMember("a"), "[1,"), "data must be JSON text"),
         ]
         for member, msg in cases:
             with pytest.raises(grpc.RpcError) as info:
@@ -143,7 +148,7 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
     rng = random.Random(1234)
     clock = FakeClock()
     with lighthouse(min_replicas=1, join_timeout_ms=0, clock=clock) as lh:
-        channel = grpc.insecure_channel(lh.address())
+        channel = grpc.insecure_channel(lh.bare_address())
         methods = {
             name: channel.unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/{name}")
             for name in ("Quorum", "Heartbeat", "Nope")
@@ -158,18 +163,27 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
                 payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 64)))
             else:
                 member = QuorumMember(
-                    random_text(), random_text(), random_text(), rng.randint(-5, 2**40),
-                    rng.randint(0, 3), rng.random() < 0.5, random_text(), rng.randint(-2, 2),
+                    random_text(),
+                    random_text(),
+                    random_text(),
+                    rng.randint(-5, 2**40),
+                    rng.randint(0, 3),
+                    rng.random() < 0.5,
+                    None,
+                    rng.randint(-2, 2),
                     rng.choice([0.0, 1.5, float("inf"), -1.0]),
                 )
-                payload = wire.encode_lighthouse_quorum_request(member)
+                fuzzed = validate.with_data_json(member, random_text())  # raw text on the wire
+                payload = wire.encode_lighthouse_quorum_request(fuzzed)
             method = methods[rng.choice(["Quorum", "Quorum", "Heartbeat", "Nope"])]
             try:
                 method(payload, timeout=0.05)
             except grpc.RpcError as exc:
                 assert exc.code() in (
-                    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.DEADLINE_EXCEEDED,
-                    grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.ABORTED,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    grpc.StatusCode.ABORTED,
                 ), exc
         liveness = channel.stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/Liveness")
         with pytest.raises(grpc.RpcError) as info:
@@ -182,7 +196,9 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
 
 def test_heartbeat_with_an_empty_id_is_refused() -> None:
     with lighthouse() as lh:
-        raw = grpc.insecure_channel(lh.address()).unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/Heartbeat")
+        raw = grpc.insecure_channel(lh.bare_address()).unary_unary(
+            f"/{wire.LIGHTHOUSE_SERVICE}/Heartbeat"
+        )
         with pytest.raises(grpc.RpcError) as info:
             raw(wire.encode_heartbeat_request(""), timeout=5)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -10,7 +10,7 @@ from lighthouse import wire
 from lighthouse.clock import FakeClock
 from lighthouse.core import LighthouseCore, SupersededError
 from lighthouse.quorum import QuorumConfig
-from lighthouse.types import QuorumMember
+from lighthouse.types import FailureNotice, QuorumMember
 
 # without leases: these tests read failure notices off the streams, not recalls
 CFG = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0, lease=False)
@@ -34,11 +34,12 @@ def test_members_get_one_shared_payload_and_survivors_hear_of_a_death() -> None:
         fa, fb = core.request(QuorumMember("a")), core.request(QuorumMember("b"))
         assert not fa.done() and core.decision.kind == "join_timeout"
         core.stream_closed("c", queues["c"])  # c's process died: stream broke
-        q = wire.decode_lighthouse_quorum_response(await fa)
-        assert q.replica_ids == ["a", "b"] and q.quorum_id == 2 and (await fb) is not None
+        quorum = wire.decode_lighthouse_quorum_response(await fa)
+        assert quorum.replica_ids == ["a", "b"] and quorum.quorum_id == 2
+        assert (await fb) is not None
         for rid in "ab":
             _epoch, notice = wire.decode_liveness_event(queues[rid].get_nowait())
-            assert notice is not None and notice.dead_replica_ids == ("c",)
+            assert isinstance(notice, FailureNotice) and notice.dead_replica_ids == ("c",)
             assert (notice.epoch, notice.quorum_id) == ("ep", 1)
         assert queues["c"].empty()
         assert core.recent_deaths[-1]["replica_id"] == "c"

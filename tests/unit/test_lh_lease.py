@@ -66,7 +66,7 @@ def run(coro: object) -> None:
 
 
 def _events(q: asyncio.Queue[bytes]) -> list[object]:
-    out = []
+    out: list[object] = []
     while not q.empty():
         out.append(wire.decode_liveness_event(q.get_nowait())[1])
     return out

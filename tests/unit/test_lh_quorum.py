@@ -15,7 +15,9 @@ def ask(state: QuorumState, clock: FakeClock, rid: str, **kw: object) -> None:
     state.request(QuorumMember(rid, **kw), clock.now())  # type: ignore[arg-type]
 
 
-def decide_and_issue(state: QuorumState, clock: FakeClock, cfg: QuorumConfig = CFG) -> tuple[str, list[str]]:
+def decide_and_issue(
+    state: QuorumState, clock: FakeClock, cfg: QuorumConfig = CFG
+) -> tuple[str, list[str]]:
     d = decide_quorum(clock.now(), state, cfg)
     if d.members is None:
         return d.kind, []
