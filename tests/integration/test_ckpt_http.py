@@ -20,7 +20,8 @@ import torch
 
 import torchft_pg.checkpointing.http_fetch as http_fetch
 from torchft_pg.checkpointing import HTTPTransport
-from torchft_pg.checkpointing.http_transport import default_advertise_host
+from torchft_pg.checkpointing.http_server import SERVED_STEP_HEADER
+from torchft_pg.checkpointing.http_transport import MAX_CHUNKS, default_advertise_host
 from torchft_pg.checkpointing.skeleton import FORMAT, decode_skeleton
 from torchft_pg.errors import RecoveryError
 
@@ -85,18 +86,127 @@ def test_roundtrip_logs_bytes_seconds_and_rate(
     assert "step=5" in line and "bytes=" in line and "GB/s=" in line and "checksum=ok" in line
 
 
-def test_wrong_step_is_409_and_a_recovery_error_naming_both(
-    sender: HTTPTransport[dict[str, Any]],
+def test_wrong_step_is_400_naming_both_steps(sender: HTTPTransport[dict[str, Any]]) -> None:
+    sender.send_checkpoint([1], 5, state_dict(), T)
+    for path in ("/checkpoint/6/meta", "/checkpoint/6/chunk/0/1?serial=x"):
+        conn = http.client.HTTPConnection("127.0.0.1", sender.port, timeout=10)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            assert resp.status == 400, path
+            assert resp.getheader(SERVED_STEP_HEADER) == "5"
+            assert resp.read() == b"requested step 6, but this replica serves step 5"
+        finally:
+            conn.close()
+
+
+@pytest.mark.parametrize("num_chunks", [0, 2])
+def test_wrong_step_is_a_recovery_error_naming_peer_and_both_steps(
+    sender: HTTPTransport[dict[str, Any]], num_chunks: int
 ) -> None:
     sender.send_checkpoint([1], 5, state_dict(), T)
-    r = receiver()
+    r = receiver(num_chunks)
     try:
-        with pytest.raises(
-            RecoveryError, match=r"409.*requested step 6, but this replica serves step 5"
-        ):
-            r.recv_checkpoint(0, sender.metadata(), 6, T)
+        with pytest.raises(RecoveryError) as info:
+            r.recv_checkpoint(3, sender.metadata(), 6, T)
     finally:
         r.shutdown()
+    assert str(info.value).startswith(
+        f"rank 3 at {sender.metadata()} serves step 5, not the requested step 6 (HTTP 400"
+    )
+
+
+def test_address_is_the_url_metadata_advertises(sender: HTTPTransport[dict[str, Any]]) -> None:
+    assert sender.address() == sender.metadata() == f"http://127.0.0.1:{sender.port}/checkpoint/"
+    sd = state_dict()
+    sender.send_checkpoint([1], 2, sd, T)
+    r = receiver()
+    try:
+        check_same(sd, r.recv_checkpoint(0, sender.address(), 2, T))
+    finally:
+        r.shutdown()
+
+
+def _served_serial(t: HTTPTransport[dict[str, Any]], step: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", t.port, timeout=10)
+    try:
+        conn.request("GET", f"/checkpoint/{step}/meta")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        return decode_skeleton(resp.read()).serial
+    finally:
+        conn.close()
+
+
+def test_allow_checkpoint_reopens_the_last_sent_state_dict(
+    sender: HTTPTransport[dict[str, Any]],
+) -> None:
+    sd = state_dict()
+    sender.send_checkpoint([1], 5, sd, T)
+    serial = _served_serial(sender, 5)
+    sender.allow_checkpoint(5)
+    assert _served_serial(sender, 5) == serial, "still served: allow_checkpoint changes nothing"
+    sender.disallow_checkpoint()
+    r = receiver(num_chunks=2)
+    try:
+        with pytest.raises(RecoveryError, match="503"):
+            r.recv_checkpoint(0, sender.metadata(), 5, timedelta(seconds=0.2))
+        sd["model"]["bf"].add_(1)  # mutated after disallow: re-allowing serves values as now
+        sender.allow_checkpoint(5)
+        assert sender._gate.serving_step == 5
+        check_same(sd, r.recv_checkpoint(0, sender.metadata(), 5, T))
+    finally:
+        r.shutdown()
+
+
+def test_allow_checkpoint_for_an_unsent_step_is_a_value_error(
+    sender: HTTPTransport[dict[str, Any]],
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"step=3\): nothing was sent for step 3 \(send_checkpoint"
+    ):
+        sender.allow_checkpoint(3)
+    sender.send_checkpoint([1], 5, state_dict(), T)
+    sender.disallow_checkpoint()
+    with pytest.raises(ValueError, match=r"nothing was sent for step 6 \(the last .* step 5\)"):
+        sender.allow_checkpoint(6)
+    with pytest.raises(TypeError, match="step must be an int, got str '5'"):
+        sender.allow_checkpoint("5")  # type: ignore[arg-type]
+    assert sender._gate.serving_step is None, "a refused allow_checkpoint opens nothing"
+
+
+def test_constructor_takes_torchfts_forms() -> None:
+    made = [
+        HTTPTransport[dict[str, Any]](T, 2),  # torchft: HTTPTransport(timeout, num_chunks)
+        HTTPTransport[dict[str, Any]](timeout=T, num_chunks=0, bind_host="127.0.0.1"),
+        HTTPTransport[dict[str, Any]](2.5, bind_host="127.0.0.1"),
+        HTTPTransport[dict[str, Any]](3, 1, bind_host="127.0.0.1"),
+    ]
+    try:
+        got = [(t._timeout_s, t._num_chunks) for t in made]
+    finally:
+        for t in made:
+            t.shutdown()
+    assert got == [(10.0, 2), (10.0, 0), (2.5, 0), (3.0, 1)]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (("10",), TypeError, "timeout must be a datetime.timedelta or a number of seconds"),
+        ((True,), TypeError, "timeout must be .* got bool True"),
+        ((0,), ValueError, "timeout must be positive, got 0"),
+        ((timedelta(seconds=-1),), ValueError, "timeout must be positive, got -1 day"),
+        ((float("nan"),), ValueError, "timeout must be a finite number of seconds, got nan"),
+        ((T, 2.0), TypeError, "num_chunks must be an int, got float 2.0"),
+        ((T, MAX_CHUNKS + 1), ValueError, f"num_chunks must be in \\[0, {MAX_CHUNKS}\\]"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(
+    args: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        HTTPTransport(*args)
 
 
 def test_never_allowed_fails_within_the_timeout(sender: HTTPTransport[dict[str, Any]]) -> None:
@@ -289,11 +399,13 @@ def test_bad_metadata_argument_is_a_value_error() -> None:
 def test_cuda_state_dict_is_served_from_cpu(sender: HTTPTransport[dict[str, Any]]) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    sd = {"w": torch.randn(1000, device="cuda"), "n": 1}
+    sd: dict[str, Any] = {"w": torch.randn(1000, device="cuda"), "n": 1}
     sender.send_checkpoint([1], 1, sd, T)
     r = receiver()
     try:
         out = r.recv_checkpoint(0, sender.metadata(), 1, T)
     finally:
         r.shutdown()
-    assert out["w"].device.type == "cpu" and torch.equal(out["w"], sd["w"].cpu())
+    w = out["w"]
+    assert isinstance(w, torch.Tensor)
+    assert w.device.type == "cpu" and torch.equal(w, sd["w"].cpu())

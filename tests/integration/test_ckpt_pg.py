@@ -17,7 +17,7 @@ T = timedelta(seconds=20)
 def _state_dict(seed: int, zeros: bool = False) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(256, 128, generator=g)
-    sd = {
+    sd: dict[str, Any] = {
         "model": {
             "w": w,
             "w_t": w.t(),

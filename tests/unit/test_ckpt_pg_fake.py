@@ -91,7 +91,11 @@ def heal(
 def test_roundtrip_and_in_place() -> None:
     out = heal(*pair(), 4, 4)
     assert torch.equal(out["big"], state_dict()["big"]) and out["lr"] == 0.5
-    mine = {"big": torch.zeros(1 << 19), "small": torch.zeros(5, dtype=torch.int64), "lr": 0.0}
+    mine: dict[str, Any] = {
+        "big": torch.zeros(1 << 19),
+        "small": torch.zeros(5, dtype=torch.int64),
+        "lr": 0.0,
+    }
     ptr = mine["big"].data_ptr()
     out = heal(*pair(), 4, 4, template=mine)
     assert out["big"] is mine["big"] and mine["big"].data_ptr() == ptr
@@ -135,3 +139,55 @@ def test_sends_to_several_ranks() -> None:
             )
         )
     assert all(torch.equal(o["big"], state_dict()["big"]) for o in outs)
+
+
+def test_constructor_takes_torchfts_forms() -> None:
+    g0, g1 = pair()
+    made = [
+        PGTransport[dict[str, Any]](g0, T, torch.device("cpu")),
+        PGTransport[dict[str, Any]](
+            pg=g1, timeout=T, device=torch.device("cpu"), state_dict=lambda: {}
+        ),
+        PGTransport[dict[str, Any]](g0, 2.5, "cpu"),
+        PGTransport[dict[str, Any]](g0, 3, "cpu", None),
+    ]
+    assert [(t._timeout, t._device) for t in made] == [
+        (T, torch.device("cpu")),
+        (T, torch.device("cpu")),
+        (timedelta(seconds=2.5), torch.device("cpu")),
+        (timedelta(seconds=3), torch.device("cpu")),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        ((object(), T, "cpu"), TypeError, "pg must be a process group with send and recv"),
+        (("pg", "10", "cpu"), TypeError, "timeout must be a datetime.timedelta or a number"),
+        (("pg", -1.0, "cpu"), ValueError, "timeout must be positive, got -1.0"),
+        (("pg", T, 0), TypeError, "device must be a torch.device or a device name, got int"),
+        (("pg", T, "nonsense"), ValueError, "device 'nonsense' is not a valid torch device"),
+        (("pg", T, "cpu", {}), TypeError, "state_dict must be a callable"),
+    ],
+)
+def test_constructor_rejects_bad_arguments(
+    args: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    g0, _ = pair()
+    real: list[Any] = [g0 if a == "pg" else a for a in args]
+    with pytest.raises(error, match=match):
+        PGTransport(*real)
+
+
+def test_address_and_allow_checkpoint_of_a_push_transport() -> None:
+    g0, _ = pair()
+    sender = PGTransport[dict[str, Any]](g0, T, torch.device("cpu"))
+    assert sender.address() == sender.metadata() == "<n/a>"
+    with pytest.raises(
+        ValueError, match=r"allow_checkpoint\(step=4\): nothing was sent for step 4"
+    ):
+        sender.allow_checkpoint(4)
+    sender.send_checkpoint([1], 4, state_dict(), T)
+    sender.allow_checkpoint(4)  # the push finished: nothing to re-open, and no error
+    with pytest.raises(ValueError, match=r"nothing was sent for step 5 \(the last .* step 4\)"):
+        sender.allow_checkpoint(5)

@@ -183,7 +183,14 @@ def _forge(**override: Any) -> bytes:
         ({"tensors": [[0, 0, "float32", [-4], [1]]]}, "non-negative"),
         ({"tree": ["T", 5]}, "out of range"),
         ({"tree": ["L", [["T", 0], ["T", 0]]]}, "repeated"),
-        ({"tree": ["X", 0]}, "unknown or malformed leaf"),
+        ({"tree": ["Q", 0]}, "unknown or malformed leaf"),
+        ({"tree": ["X", 0]}, r"DTensor node must hold \[index, \[global shape\]\], got 0"),
+        ({"tree": ["X", [0, 8]]}, "DTensor node must hold"),
+        ({"tree": ["X", [0, [-8]]]}, "global shape must be at most 64 non-negative ints"),
+        ({"tree": ["X", [0, [1] * 65]]}, "global shape must be at most 64 non-negative ints"),
+        ({"tree": ["X", [0, [8, 2]]]}, r"global shape \[8, 2\] and local shard shape \[4\]"),
+        ({"tree": ["X", [1, [8]]]}, "out of range"),
+        ({"tree": ["L", [["X", [0, [8]]], ["T", 0]]]}, "repeated"),
         ({"tree": ["B", "zz"]}, "not hex"),
         ({"format": "other"}, "format"),
         ({"step": "1"}, "step must be int"),
@@ -198,8 +205,16 @@ def test_forged_metadata_is_refused(override: dict[str, Any], match: str) -> Non
         decode_skeleton(_forge(**override))
 
 
+def test_dtensor_node_decodes_to_its_global_shape() -> None:
+    skeleton = decode_skeleton(_forge(tree=["D", [[["V", "w"], ["X", [0, [12]]]]]]))
+    assert skeleton.paths == [("w",)] and dict(skeleton.dtensors) == {0: (12,)}
+    assert dict(decode_skeleton(_forge()).dtensors) == {}, "a plain tensor is no DTensor"
+
+
 def test_many_small_tensors_share_one_blob() -> None:
-    sd = {f"layer{i}": {"w": torch.randn(16, 16), "b": torch.randn(16)} for i in range(200)}
+    sd: dict[str, Any] = {
+        f"layer{i}": {"w": torch.randn(16, 16), "b": torch.randn(16)} for i in range(200)
+    }
     sd["big"] = torch.randn(SMALL_BLOB_BYTES // 4 + 1)
     packed = pack(sd, 1)
     assert len(packed.blobs) == 2, "one combined blob for the small tensors + the big one"

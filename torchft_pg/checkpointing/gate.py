@@ -1,10 +1,11 @@
 """A readers/writer gate over the checkpoint a server may serve.
 
-`allow(step, payload)` opens it; `read(step, wait_s)` lets a request handler use
-the payload (waiting up to `wait_s` seconds for it to open); `disallow(drain_s)`
-closes it and waits up to `drain_s` seconds until no reader is left, so the
-owner may mutate the state dict afterwards. A reader that streams for long
-checks `is_current(payload)` between pieces and stops early once closed.
+`allow(step, payload)` opens it (`serving_step` tells which step is open);
+`read(step, wait_s)` lets a request handler use the payload (waiting up to
+`wait_s` seconds for it to open); `disallow(drain_s)` closes it and waits up to
+`drain_s` seconds until no reader is left, so the owner may mutate the state
+dict afterwards. A reader that streams for long checks `is_current(payload)`
+between pieces and stops early once closed.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ class ServingGate(Generic[P]):
             self._shut = True
             self._step, self._payload = None, None
             self._cond.notify_all()
+
+    @property
+    def serving_step(self) -> int | None:
+        """The step being served now, or None while closed."""
+        with self._cond:
+            return self._step if self._payload is not None else None
 
     @property
     def readers(self) -> int:

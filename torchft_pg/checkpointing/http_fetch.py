@@ -4,6 +4,10 @@ Each chunk is streamed piece by piece (`layout.iter_pieces`) straight into the
 receive buffers, checksummed as it arrives, and compared with the sender's
 8-byte trailer. With several chunks, one thread and connection per chunk; the
 first real failure cancels the others and is the one reported.
+
+A non-200 answer is a `RecoveryError` naming the peer, the step and the
+status; a wrong-step answer (400 with `http_server.SERVED_STEP_HEADER`) says
+which step the peer serves and which was requested.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from torchft_pg.checkpointing.http_server import SERVED_STEP_HEADER
 from torchft_pg.checkpointing.layout import (
     Digest,
     byte_view,
@@ -67,8 +72,14 @@ class ChunkFetcher:
             conn.close()
             raise self._failed(f"request {path!r}", exc) from exc
         if resp.status != 200:
+            served = resp.getheader(SERVED_STEP_HEADER)
             body = resp.read(4096).decode(errors="replace")
             conn.close()
+            if resp.status == 400 and served is not None and served.lstrip("-").isdigit():
+                raise RecoveryError(
+                    f"{self.peer} serves step {int(served)}, not the requested step {self.step} "
+                    f"(HTTP 400 for {path}: {body})"
+                )
             raise RecoveryError(
                 f"{self.peer} answered {resp.status} for step {self.step} ({path}): {body}"
             )

@@ -1,18 +1,22 @@
 """HTTPTransport: serve a state dict over HTTP; receivers pull it, streamed and chunked.
 
-The sender runs a threaded HTTP server on an ephemeral port. Endpoints (all GET):
+The sender runs a threaded HTTP server on an ephemeral port (`http_server`),
+reachable at ``address()`` == ``metadata()`` == ``http://host:port/checkpoint/``
+(the step is appended by the receiver). A request waits up to the transport
+timeout for serving to be allowed (`gate.ServingGate`). A request for a step
+other than the one served is answered ``400`` with a body naming both steps
+(the served one also in a header), and the receiver raises `RecoveryError`
+naming the peer, the step it serves and the step requested. A chunk of a
+checkpoint that was re-sent since its metadata was read is ``409``, a
+checkpoint that never became available ``503``, a malformed path ``400``.
 
-* ``/checkpoint/{step}/meta?wait_ms=W`` — the skeleton (`serialization`).
-* ``/checkpoint/{step}/chunk/{i}/{n}?serial=S&wait_ms=W`` — chunk `i` of `n`
-  (`layout.plan_chunks`): the raw blob bytes, then an 8-byte little-endian
-  checksum of what was sent (`layout.piece_digest` folded by `layout.Digest`).
+The receiver streams each piece straight into preallocated tensors (or into
+its own tensors when `state_dict` is given) and checks every checksum; with
+``num_chunks > 0`` it fetches that many chunks in parallel over separate
+connections. DTensors travel as their local shards (see `serialization`).
 
-A request waits up to ``min(W ms, transport timeout)`` for serving to be allowed
-(`gate.ServingGate`); a wrong step is ``409`` and names both steps, a checkpoint
-that never became available is ``503``, a malformed path ``400``. The receiver
-streams each piece straight into preallocated tensors (or into its own tensors
-when `state_dict` is given) and checks every checksum; with ``num_chunks > 0``
-it fetches that many chunks in parallel over separate connections.
+`send_checkpoint` serves a state dict for a step; `disallow_checkpoint` stops
+serving; `allow_checkpoint(step)` serves the last sent state dict again.
 
 The advertised address is configurable: the peer advertised
 `socket.gethostname()`, which resolved to the wrong network on multi-fabric
@@ -23,31 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import socketserver
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
-from torchft_pg.checkpointing.gate import (
-    GateClosedError,
-    NotAllowedError,
-    ServingGate,
-    WrongStepError,
-)
+from torchft_pg.checkpointing.gate import ServingGate
 from torchft_pg.checkpointing.http_fetch import ChunkFetcher
-from torchft_pg.checkpointing.layout import (
-    Digest,
-    byte_view,
-    iter_pieces,
-    piece_digest,
-    plan_chunks,
-)
+from torchft_pg.checkpointing.http_server import MAX_CHUNKS, CheckpointServer
 from torchft_pg.checkpointing.serialization import (
     Packed,
     decode_skeleton,
@@ -55,15 +45,22 @@ from torchft_pg.checkpointing.serialization import (
     prepare_receive,
     unpack,
 )
-from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer, logger
+from torchft_pg.checkpointing.transport import (
+    CheckpointTransport,
+    Deadline,
+    SentCheckpoint,
+    check_step,
+    last_sent,
+    log_transfer,
+    logger,
+    to_timedelta,
+)
 from torchft_pg.errors import RecoveryError
 
 __all__ = ["MAX_CHUNKS", "HTTPTransport", "default_advertise_host"]
 
 T = TypeVar("T")
 _WILDCARDS = ("", "0.0.0.0", "::")
-#: Most chunks a checkpoint may be split into (bounds the server's per-request plan).
-MAX_CHUNKS = 256
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -85,174 +82,60 @@ def default_advertise_host(bind_host: str) -> str:
         return "127.0.0.1"
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 128
-
-    def __init__(self, addr: tuple[str, int], transport: HTTPTransport[Any]) -> None:
-        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        self.transport = transport
-        self.active: set[socket.socket] = set()
-        self.active_lock = threading.Lock()
-        super().__init__(addr, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we do not need.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = (
-            str(self.server_address[0]),
-            int(self.server_address[1]),
-        )
-
-
-class _Abort(Exception):
-    """Stop streaming: the checkpoint was disallowed or replaced mid-transfer."""
-
-
-def _parse(path: str) -> tuple[int, str, int, int, dict[str, str]]:
-    """``/checkpoint/{step}/meta`` or ``.../chunk/{i}/{n}`` → (step, kind, i, n, query)."""
-    url = urllib.parse.urlsplit(path)
-    parts = url.path.strip("/").split("/")
-    query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
-    usage = (
-        f"path must be /checkpoint/<step>/meta or /checkpoint/<step>/chunk/<i>/<n>, got {path!r}"
-    )
-    try:
-        if len(parts) == 3 and parts[0] == "checkpoint" and parts[2] == "meta":
-            return int(parts[1]), "meta", 0, 1, query
-        if len(parts) == 5 and parts[0] == "checkpoint" and parts[2] == "chunk":
-            step, i, n = int(parts[1]), int(parts[3]), int(parts[4])
-            if 0 <= i < n <= MAX_CHUNKS:
-                return step, "chunk", i, n, query
-    except ValueError as exc:
-        raise ValueError(usage) from exc
-    raise ValueError(usage)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.0"
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.settimeout(self.server.transport._timeout_s)
-        with self.server.active_lock:
-            self.server.active.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.active_lock:
-            self.server.active.discard(self.connection)
-        with contextlib.suppress(OSError):
-            super().finish()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("http %s " + format, self.address_string(), *args)
-
-    def _error(self, code: int, msg: str) -> None:
-        body = msg.encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        transport = self.server.transport
-        try:
-            step, kind, i, n, query = _parse(self.path)
-            wait_s = min(transport._timeout_s, max(0.0, int(query.get("wait_ms", "0")) / 1000))
-        except ValueError as exc:
-            self._error(400, str(exc))
-            return
-        try:
-            with transport._gate.read(step, wait_s) as packed:
-                if kind == "meta":
-                    self._send_meta(packed)
-                elif query.get("serial") != packed.skeleton.serial:
-                    self._error(
-                        409, f"checkpoint of step {step} changed since its metadata was read"
-                    )
-                else:
-                    self._send_chunk(packed, i, n)
-        except WrongStepError as exc:
-            self._error(409, str(exc))
-        except NotAllowedError as exc:
-            self._error(503, f"step {step}: {exc} (send_checkpoint not called, or disallowed)")
-        except GateClosedError as exc:
-            self._error(503, str(exc))
-        except (_Abort, OSError) as exc:
-            logger.debug("http %s: transfer stopped: %r", self.address_string(), exc)
-            self.close_connection = True
-        except Exception as exc:
-            logger.exception("checkpoint server error on %s", self.path)
-            self.close_connection = True
-            with contextlib.suppress(OSError):  # headers may already be out; then the
-                self._error(500, f"{type(exc).__name__}: {exc}")  # receiver sees a bad body
-
-    def _send_meta(self, packed: Packed) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(len(packed.skeleton_bytes)))
-        self.end_headers()
-        self.wfile.write(packed.skeleton_bytes)
-
-    def _send_chunk(self, packed: Packed, i: int, n: int) -> None:
-        segments = plan_chunks(packed.skeleton.blob_sizes, n)[i]
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.send_header("Content-Length", str(sum(s.length for s in segments) + 8))
-        self.end_headers()
-        gate, digest, start = self.server.transport._gate, Digest(), time.monotonic()
-        for seg in segments:
-            for p in iter_pieces(seg):
-                if not gate.is_current(packed):
-                    raise _Abort("checkpoint disallowed mid-transfer")
-                view = packed.blobs[p.blob][p.offset : p.offset + p.length]
-                self.wfile.write(byte_view(view))
-                digest.update(piece_digest(view))
-        self.wfile.write(digest.value.to_bytes(8, "little"))
-        nbytes, secs = sum(s.length for s in segments), time.monotonic() - start
-        logger.debug(
-            "served step=%d chunk %d/%d bytes=%d seconds=%.4f", packed.step, i, n, nbytes, secs
-        )
-
-
 class HTTPTransport(CheckpointTransport[T], Generic[T]):
     """Serve and fetch checkpoints over HTTP (see module docstring).
+
+    Constructed like torchft's: ``HTTPTransport(timeout, num_chunks)``, either
+    positionally or by keyword; the other arguments are keyword extensions.
 
     Args:
         timeout: how long a request waits for serving to be allowed, the socket
             timeout for a stalled receiver, and how long `disallow_checkpoint`
-            waits for in-flight transfers before cutting them off.
+            waits for in-flight transfers before cutting them off; a
+            `timedelta` or seconds (int or float).
         num_chunks: receive in this many parallel chunks/connections; 0 means one
-            streamed request.
+            streamed request. At most `MAX_CHUNKS`.
         bind_host: address to listen on ("0.0.0.0" = every IPv4 interface; an
             IPv6 literal listens on IPv6). The port is ephemeral. There is no
             authentication: bind to the network heals should use.
-        advertise_host: the address put into `metadata()`; default
-            `default_advertise_host(bind_host)`.
+        advertise_host: the address put into `address()`/`metadata()`; None or
+            "" means `default_advertise_host(bind_host)`.
         state_dict: optional callable returning the receiver's current state
-            dict; matching tensors (same path, dtype, shape) are received in place.
+            dict; matching tensors (same path, dtype, shape) are received in
+            place, and so are DTensor local shards (see `serialization`).
     """
 
     def __init__(
         self,
-        timeout: timedelta,
+        timeout: timedelta | float,
         num_chunks: int = 0,
         bind_host: str = "0.0.0.0",
         advertise_host: str | None = None,
         state_dict: Callable[[], T] | None = None,
     ) -> None:
-        if timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        self._timeout_s = to_timedelta(timeout).total_seconds()
+        if type(num_chunks) is not int:
+            raise TypeError(
+                f"num_chunks must be an int, got {type(num_chunks).__name__} {num_chunks!r:.100}"
+            )
         if not 0 <= num_chunks <= MAX_CHUNKS:
             raise ValueError(f"num_chunks must be in [0, {MAX_CHUNKS}], got {num_chunks}")
-        self._timeout_s = timeout.total_seconds()
+        if not isinstance(bind_host, str):
+            raise TypeError(f"bind_host must be a str, got {type(bind_host).__name__}")
+        if advertise_host is not None and not isinstance(advertise_host, str):
+            raise TypeError(
+                f"advertise_host must be a str or None, got {type(advertise_host).__name__}"
+            )
+        if state_dict is not None and not callable(state_dict):
+            raise TypeError(
+                f"state_dict must be a callable returning the state dict, got {type(state_dict).__name__}"
+            )
         self._num_chunks = num_chunks
         self._state_dict = state_dict
         self._gate: ServingGate[Packed] = ServingGate()
-        self._server = _Server((bind_host, 0), self)
+        self._sent: SentCheckpoint[T] | None = None
+        self._send_lock = threading.Lock()
+        self._server = CheckpointServer((bind_host, 0), self._gate, self._timeout_s)
         self._host = advertise_host or default_advertise_host(bind_host)
         self._port = int(self._server.server_address[1])
         self._thread = threading.Thread(
@@ -268,9 +151,17 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
     def port(self) -> int:
         return self._port
 
-    def metadata(self) -> str:
+    def address(self) -> str:
+        """The URL prefix this server serves checkpoints under: ``http://host:port/checkpoint/``.
+
+        The host is the advertised one (`advertise_host`); an IPv6 host is in brackets.
+        """
         host = f"[{self._host}]" if ":" in self._host else self._host
         return f"http://{host}:{self._port}/checkpoint/"
+
+    def metadata(self) -> str:
+        """What a receiver passes to `recv_checkpoint`: the same URL as `address()`."""
+        return self.address()
 
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
@@ -278,10 +169,30 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         """Serve `state_dict` as `step` until `disallow_checkpoint` (pull model: `dst_ranks` unused).
 
         Large CPU tensors are served from their own memory (no copy), tensors
-        under 1 MiB from one combined copy, accelerator tensors from a CPU copy.
-        Returns at once; `timeout` is unused.
+        under 1 MiB from one combined copy, accelerator tensors from a CPU copy,
+        DTensors as their local shards. Returns at once; `timeout` is unused.
         """
         del dst_ranks, timeout
+        check_step(step)
+        with self._send_lock:
+            self._sent = SentCheckpoint(step=step, state_dict=state_dict)
+            self._serve(step, state_dict)
+
+    def allow_checkpoint(self, step: int) -> None:
+        """Serve the state dict last sent (for `step`) again, e.g. after `disallow_checkpoint`.
+
+        Nothing happens while it is still served for `step`. Otherwise it is
+        packed anew, so its values as they are now are served: re-allow only
+        while the state dict still holds the state of `step`. `ValueError`
+        naming `step` if the last `send_checkpoint` was for another step or
+        there was none.
+        """
+        with self._send_lock:
+            sent = last_sent(self._sent, step)
+            if self._gate.serving_step != step:
+                self._serve(step, sent.state_dict)
+
+    def _serve(self, step: int, state_dict: T) -> None:
         packed = pack(state_dict, step)
         if any(b.device.type != "cpu" for b in packed.blobs):
             packed.blobs = [b.cpu() for b in packed.blobs]
@@ -310,7 +221,11 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             )
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
-        """Fetch the state dict of `step` from the server at `metadata` within `timeout`."""
+        """Fetch the state dict of `step` from the server at `metadata` within `timeout`.
+
+        `metadata` is the sender's `metadata()` (its `address()`).
+        """
+        check_step(step)
         deadline = Deadline(timeout)
         url = urllib.parse.urlsplit(metadata)
         if url.scheme != "http" or not url.hostname or not url.port or not url.path.endswith("/"):

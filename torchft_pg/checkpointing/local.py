@@ -1,22 +1,41 @@
 """InProcessTransport: a real, socket-free checkpoint transport for unit tests.
 
 Senders and receivers in one process meet through a shared `InProcessHub`
-(`metadata()` is the sender's name in it). The state dict still goes through
-the wire format (`serialization.pack`, the JSON skeleton, byte copies and
-`unpack`), so a test of the Manager's healing sees what a real transport gives
-back: fresh tensors, same values, no aliasing with the sender. Serving follows
-the same rules as `HTTPTransport`: only after `send_checkpoint`, only for that
-step, and not after `disallow_checkpoint`.
+(`metadata()` and `address()` are the sender's name in it). The state dict
+still goes through the wire format (`serialization.pack`, the JSON skeleton,
+byte copies and `unpack`), so a test of the Manager's healing sees what a real
+transport gives back: fresh tensors, same values, no aliasing with the sender.
+Serving follows the same rules as `HTTPTransport`: only after
+`send_checkpoint` (or `allow_checkpoint` for the step last sent), only for that
+step, and not after `disallow_checkpoint`. DTensors behave as described in
+`serialization`: given a `state_dict` callable whose state dict has a DTensor
+at the same path, the receiver fills that DTensor's local shard in place.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from torchft_pg.checkpointing.serialization import Packed, decode_skeleton, pack, unpack
-from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer
+import torch
+
+from torchft_pg.checkpointing.serialization import (
+    Packed,
+    decode_skeleton,
+    pack,
+    prepare_receive,
+    unpack,
+)
+from torchft_pg.checkpointing.transport import (
+    CheckpointTransport,
+    Deadline,
+    SentCheckpoint,
+    check_step,
+    last_sent,
+    log_transfer,
+)
 from torchft_pg.errors import RecoveryError
 
 __all__ = ["InProcessHub", "InProcessTransport"]
@@ -47,10 +66,26 @@ class InProcessHub:
 
 
 class InProcessTransport(CheckpointTransport[T], Generic[T]):
-    """A transport named `name` on `hub`; see the module docstring."""
+    """A transport named `name` on `hub`; see the module docstring.
 
-    def __init__(self, hub: InProcessHub, name: str) -> None:
+    Args:
+        hub: where senders and receivers of one test meet.
+        name: this transport's name in `hub` (its `metadata()`).
+        state_dict: optional callable returning the receiver's current state
+            dict; matching tensors (and DTensors) are received in place.
+    """
+
+    def __init__(
+        self, hub: InProcessHub, name: str, state_dict: Callable[[], T] | None = None
+    ) -> None:
+        if not isinstance(hub, InProcessHub):
+            raise TypeError(f"hub must be an InProcessHub, got {type(hub).__name__}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty str, got {name!r}")
         self._hub, self._name = hub, name
+        self._state_dict = state_dict
+        self._lock = threading.Lock()
+        self._sent: SentCheckpoint[T] | None = None
 
     def metadata(self) -> str:
         return self._name
@@ -60,7 +95,21 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
     ) -> None:
         """Serve `state_dict` as `step` until `disallow_checkpoint`; returns at once."""
         del dst_ranks, timeout
-        self._hub.publish(self._name, pack(state_dict, step))
+        check_step(step)
+        packed = pack(state_dict, step)
+        with self._lock:
+            self._sent = SentCheckpoint(step=step, state_dict=state_dict)
+            self._hub.publish(self._name, packed)
+
+    def allow_checkpoint(self, step: int) -> None:
+        """Serve the state dict last sent for `step` again, as its values are now.
+
+        `ValueError` naming `step` if the last `send_checkpoint` was for
+        another step or there was none.
+        """
+        with self._lock:
+            sent = last_sent(self._sent, step)
+            self._hub.publish(self._name, pack(sent.state_dict, step))
 
     def disallow_checkpoint(self) -> None:
         self._hub.publish(self._name, None)
@@ -78,8 +127,17 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
                 f"rank {src_rank} ({metadata!r}) serves step {packed.step}, expected step {step}"
             )
         skeleton = decode_skeleton(packed.skeleton_bytes)
-        out = unpack(skeleton, [b.to("cpu", copy=True) for b in packed.blobs])
+        template: Any = self._state_dict() if self._state_dict is not None else None
+        dests, direct, blobs = prepare_receive(skeleton, template, torch.device("cpu"))
+        for mine, theirs in zip(blobs, packed.blobs, strict=True):
+            mine.copy_(theirs)
+        out = unpack(skeleton, blobs, dests)
         log_transfer(
-            "received", f"rank {src_rank} ({metadata})", step, packed.nbytes, deadline.elapsed()
+            "received",
+            f"rank {src_rank} ({metadata})",
+            step,
+            packed.nbytes,
+            deadline.elapsed(),
+            f"in_place_blobs={len(direct)}",
         )
         return out  # type: ignore[no-any-return]

@@ -18,6 +18,16 @@ given and path, dtype, shape and contiguity match (the in-place path; other
 matching tensors are copied into). A receiver that refuses a transfer (wrong
 step, bad metadata) does not tell the sender, whose sends then fail at its
 own timeout; the caller reconfigures the PG after any failed heal anyway.
+
+DTensors travel as their local shards; a receiver whose `state_dict` has a
+DTensor at the same path gets that DTensor back with its local shard filled in
+place, otherwise the plain local shard (see `serialization`).
+
+This is a push transport: there is no server and nothing to address, so
+`metadata()` and `address()` are the placeholder ``"<n/a>"`` (receivers name
+the sender by rank), and `allow_checkpoint(step)` only checks that `step` was
+the last step sent: every `send_checkpoint` has finished sending when it
+returns, so there is nothing to re-open.
 """
 
 from __future__ import annotations
@@ -37,7 +47,15 @@ from torchft_pg.checkpointing.serialization import (
     unpack,
 )
 from torchft_pg.checkpointing.skeleton import MAX_SKELETON_BYTES
-from torchft_pg.checkpointing.transport import CheckpointTransport, Deadline, log_transfer
+from torchft_pg.checkpointing.transport import (
+    CheckpointTransport,
+    Deadline,
+    SentCheckpoint,
+    check_step,
+    last_sent,
+    log_transfer,
+    to_timedelta,
+)
 from torchft_pg.errors import RecoveryError
 
 __all__ = ["PGTransport", "SendRecvGroup"]
@@ -75,36 +93,64 @@ def _signed(v: int) -> int:
 class PGTransport(CheckpointTransport[T], Generic[T]):
     """Send/receive checkpoints over a process group (see module docstring).
 
+    Constructed like torchft's: ``PGTransport(pg, timeout, device, state_dict=None)``,
+    positionally or by keyword.
+
     Args:
         pg: a configured process group with c10d `send`/`recv`.
-        timeout: upper bound of any single send/recv wait; the per-call
-            `timeout` of `send_checkpoint`/`recv_checkpoint` bounds the whole
-            call, so each wait gets ``min(timeout, time left)``.
-        device: where tensors travel (``cpu`` for Gloo, a CUDA device for NCCL).
-            Received tensors that are not received in place end up on CPU.
+        timeout: upper bound of any single send/recv wait (a `timedelta` or
+            seconds); the per-call `timeout` of `send_checkpoint` /
+            `recv_checkpoint` bounds the whole call, so each wait gets
+            ``min(timeout, time left)``.
+        device: where tensors travel (``cpu`` for Gloo, a CUDA device for NCCL);
+            a `torch.device` or its name. Received tensors that are not
+            received in place end up on CPU.
         state_dict: optional callable returning the receiver's current state
-            dict, for in-place receive.
+            dict, for in-place receive (DTensors included).
     """
 
     def __init__(
         self,
         pg: SendRecvGroup,
-        timeout: timedelta,
-        device: torch.device,
+        timeout: timedelta | float,
+        device: torch.device | str,
         state_dict: Callable[[], T] | None = None,
     ) -> None:
-        if timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
+        if not (callable(getattr(pg, "send", None)) and callable(getattr(pg, "recv", None))):
+            raise TypeError(
+                f"pg must be a process group with send and recv, got {type(pg).__name__}"
+            )
+        self._timeout = to_timedelta(timeout)
+        if not isinstance(device, (torch.device, str)):
+            raise TypeError(
+                f"device must be a torch.device or a device name, got {type(device).__name__}"
+            )
+        try:
+            self._device = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"device {device!r} is not a valid torch device: {exc}") from exc
+        if state_dict is not None and not callable(state_dict):
+            raise TypeError(
+                "state_dict must be a callable returning the state dict, got "
+                f"{type(state_dict).__name__}"
+            )
         self._pg = pg
-        self._timeout = timeout
-        self._device = torch.device(device)
         self._state_dict = state_dict
+        self._sent: SentCheckpoint[None] | None = None
 
     def metadata(self) -> str:
+        """A placeholder: the receiver finds this sender by rank."""
         return "<n/a>"
 
     def disallow_checkpoint(self) -> None:
         """Nothing to do: `send_checkpoint` returns only after every send finished."""
+
+    def allow_checkpoint(self, step: int) -> None:
+        """Check that the last `send_checkpoint` was for `step`; nothing to re-open.
+
+        `ValueError` naming `step` otherwise (see the module docstring).
+        """
+        last_sent(self._sent, step)
 
     def _wait(self, work: Any, deadline: Deadline, what: str) -> None:
         left = min(deadline.check(what), self._timeout.total_seconds())
@@ -121,6 +167,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
     ) -> None:
         """Send `state_dict` as `step` to each of `dst_ranks` in turn, within `timeout`."""
+        check_step(step)
         deadline = Deadline(timeout)
         packed = pack(state_dict, step)
         dev = self._device
@@ -160,6 +207,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
                 start.elapsed(),
                 f"tensors={len(packed.skeleton.tensors)}",
             )
+        self._sent = SentCheckpoint(step=step, state_dict=None)
 
     def _recv_blobs(
         self, src: int, blobs: list[torch.Tensor], order: list[int], deadline: Deadline, where: str
@@ -178,6 +226,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
         """Receive the state dict of `step` from `src_rank` within `timeout` (`metadata` unused)."""
         del metadata
+        check_step(step)
         deadline = Deadline(timeout)
         dev = self._device
         where = f"receiving step {step} from rank {src_rank}"

@@ -13,6 +13,18 @@ a list of blobs, raw bytes with no pickling:
 
 The receiver preallocates each blob (or reuses the destination tensor's memory
 for an in-place receive) and the transport writes the bytes straight into it.
+
+DTensors (``torch.distributed.tensor.DTensor``): the sender sends each
+DTensor's local shard (``to_local()``, no copy) plus its global shape in the
+skeleton; mesh and placements stay behind. What the receiver gets at that path:
+
+* its own DTensor, with the received shard written into that DTensor's local
+  tensor (in place), when its `state_dict` callable returns a DTensor there
+  with the same global shape and a local shard of the same dtype and shape;
+* `RecoveryError` naming the path and both layouts when its DTensor there has
+  another global shape, local shape or dtype (the replicas shard differently);
+* otherwise (no target, or a plain tensor there) the plain local shard, a
+  fresh tensor; a plain tensor entry is likewise never received into a DTensor.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from torchft_pg.checkpointing.skeleton import (
     Path,
     Skeleton,
     TensorMeta,
+    as_dtensor,
     build_tree,
     decode_skeleton,
     encode_skeleton,
@@ -41,6 +54,7 @@ __all__ = [
     "decode_skeleton",
     "destinations",
     "direct_targets",
+    "local_shard",
     "pack",
     "prepare_receive",
     "unpack",
@@ -73,7 +87,17 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return start, start + (last + 1) * size
 
 
+def local_shard(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local tensor (shares its memory); any other tensor as it is."""
+    dt = as_dtensor(t)
+    if dt is None:
+        return t
+    with torch.no_grad():
+        return dt.to_local()
+
+
 def _check_plain(t: torch.Tensor, path: Path) -> torch.Tensor:
+    t = local_shard(t)
     if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
         raise TypeError(
             f"tensor at {path!r} is a {type(t).__name__}; send its local tensor instead"
@@ -155,14 +179,19 @@ def pack(state_dict: Any, step: int) -> Packed:
     sizes = [b.numel() for b in blobs]
     serial = uuid.uuid4().hex
     data = encode_skeleton(step, serial, tree, metas, sizes)
-    return Packed(step, data, Skeleton(step, serial, tree, metas, paths, sizes), blobs)
+    dtensors = {i: tuple(t.shape) for i, t in enumerate(raw) if as_dtensor(t) is not None}
+    skeleton = Skeleton(step, serial, tree, metas, paths, sizes, dtensors)
+    return Packed(step, data, skeleton, blobs)
 
 
 def destinations(skeleton: Skeleton, template: Any) -> dict[int, torch.Tensor]:
-    """Map tensor index → existing destination tensor with the same path, dtype and shape.
+    """Map tensor index → the receiver's tensor at the same path to receive into.
 
-    `template` is the receiver's current state dict; tensors that do not match
-    are simply received into fresh memory.
+    `template` is the receiver's current state dict. A plain tensor entry goes
+    into a plain strided tensor of the same dtype and shape; a DTensor entry
+    into a DTensor (the value is the DTensor; its local shard gets the bytes),
+    see the module docstring. Tensors without a match are received into fresh
+    memory; a DTensor that does not fit raises `RecoveryError`.
     """
     raw: list[torch.Tensor] = []
     paths: list[Path] = []
@@ -171,14 +200,35 @@ def destinations(skeleton: Skeleton, template: Any) -> dict[int, torch.Tensor]:
     out: dict[int, torch.Tensor] = {}
     for i, (m, path) in enumerate(zip(skeleton.tensors, skeleton.paths, strict=True)):
         d = by_path.get(path)
-        if (
-            d is not None
+        if d is None:
+            continue
+        target = as_dtensor(d)
+        if i in skeleton.dtensors:
+            if target is not None:
+                _check_dtensor_fits(target, skeleton.dtensors[i], m, path)
+                out[i] = target
+        elif (
+            target is None
             and d.dtype == m.dtype
             and tuple(d.shape) == m.shape
             and d.layout == torch.strided
         ):
             out[i] = d
     return out
+
+
+def _check_dtensor_fits(
+    target: torch.Tensor, global_shape: tuple[int, ...], m: TensorMeta, path: Path
+) -> None:
+    local = local_shard(target)
+    mine = (tuple(target.shape), local.dtype, tuple(local.shape), local.layout)
+    if mine != (global_shape, m.dtype, m.shape, torch.strided):
+        raise RecoveryError(
+            f"DTensor at {path!r}: the sender's local shard is {m.dtype} {list(m.shape)} of "
+            f"global shape {list(global_shape)}, this receiver's is {local.dtype} "
+            f"{list(local.shape)} ({local.layout}) of global shape {list(target.shape)}; "
+            "both replicas must shard it the same way"
+        )
 
 
 def direct_targets(skeleton: Skeleton, dests: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
@@ -195,7 +245,7 @@ def direct_targets(skeleton: Skeleton, dests: dict[int, torch.Tensor]) -> dict[i
     for b, idxs in users.items():
         if len(idxs) != 1 or idxs[0] not in dests:
             continue
-        m, d = skeleton.tensors[idxs[0]], dests[idxs[0]]
+        m, d = skeleton.tensors[idxs[0]], local_shard(dests[idxs[0]])
         nbytes = d.numel() * d.element_size()
         contiguous_meta = torch.empty_strided(m.shape, m.stride, device="meta").is_contiguous()
         if (
@@ -218,7 +268,8 @@ def prepare_receive(
     the others get a fresh uint8 buffer on `device`.
     """
     dests = destinations(skeleton, template) if template is not None else {}
-    direct = direct_targets(skeleton, {i: d for i, d in dests.items() if d.device == device})
+    on_device = {i: d for i, d in dests.items() if local_shard(d).device == device}
+    direct = direct_targets(skeleton, on_device)
     blobs = []
     for b, size in enumerate(skeleton.blob_sizes):
         if b in direct:
@@ -238,8 +289,9 @@ def unpack(
 ) -> Any:
     """Rebuild the state dict from received blobs (tensors alias the blobs).
 
-    Tensors with a destination in `dests` are copied into it (or were received
-    into it directly) and the destination tensor is returned in their place.
+    Tensors with a destination in `dests` are copied into it (into a
+    DTensor's local shard) unless they were received into it directly, and
+    the destination tensor (the DTensor) is returned in their place.
     """
     dests = dests or {}
     if len(blobs) != len(skeleton.blob_sizes):
@@ -255,9 +307,10 @@ def unpack(
             t = torch.empty_strided(m.shape, m.stride, dtype=m.dtype)
         d = dests.get(i)
         if d is not None:
-            if d.data_ptr() != t.data_ptr():
+            local = local_shard(d)
+            if local.data_ptr() != t.data_ptr():
                 with torch.no_grad():
-                    d.copy_(t)
+                    local.copy_(t)
             t = d
         out.append(t)
     return build_tree(skeleton.tree, out)

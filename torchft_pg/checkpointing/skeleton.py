@@ -15,19 +15,32 @@ array, which keeps tuples, int keys, bytes and dtypes exact:
     ["L", [...]] list     ["U", [...]] tuple            ["S", [ints]] torch.Size
     ["V", x] None/bool/int/float/str   ["B", hex] bytes  ["C", [re, im]] complex
     ["Y", name] torch.dtype            ["E", str] torch.device
+    ["X", [i, [n, ...]]] a DTensor whose local shard is tensor i; [n, ...] is
+                         its global shape (same number of dims as the shard)
+
+A DTensor's mesh and placements are not sent: they name process groups of the
+sender's process, which mean nothing to a peer (and would need pickling). The
+receiver rebuilds a DTensor from its own (see `serialization.destinations`).
+DTensors are recognised without importing ``torch.distributed.tensor`` (which
+takes seconds): if that module was never imported, no object can be a DTensor.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from torchft_pg.errors import RecoveryError
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "FORMAT",
@@ -35,6 +48,7 @@ __all__ = [
     "Path",
     "Skeleton",
     "TensorMeta",
+    "as_dtensor",
     "build_tree",
     "decode_skeleton",
     "encode_skeleton",
@@ -45,6 +59,7 @@ FORMAT = "torchft_pg.checkpoint/2"
 #: Refuse skeletons larger than this many bytes (a corrupt or hostile header).
 MAX_SKELETON_BYTES = 256 << 20
 _MAX_DEPTH = 100
+_MAX_DIMS = 64  # most dimensions a DTensor's global shape may have
 _DTYPES: dict[str, torch.dtype] = {
     str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
 }
@@ -66,7 +81,11 @@ class TensorMeta:
 
 @dataclass(frozen=True)
 class Skeleton:
-    """A decoded, validated skeleton; `paths[i]` is tensor i's key path in the tree."""
+    """A decoded, validated skeleton; `paths[i]` is tensor i's key path in the tree.
+
+    `dtensors` maps the index of each tensor that was a DTensor's local shard
+    on the sender to that DTensor's global shape.
+    """
 
     step: int
     serial: str
@@ -74,6 +93,14 @@ class Skeleton:
     tensors: list[TensorMeta]
     paths: list[Path]
     blob_sizes: list[int]
+    dtensors: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+
+def as_dtensor(x: Any) -> DTensor | None:
+    """`x` if it is a `torch.distributed.tensor.DTensor`, else None (see module docstring)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(module, "DTensor", None)
+    return cast("DTensor", x) if isinstance(cls, type) and isinstance(x, cls) else None
 
 
 def _leaf(x: Any, path: Path) -> list[Any]:
@@ -95,10 +122,16 @@ def _leaf(x: Any, path: Path) -> list[Any]:
 
 
 def flatten(obj: Any, path: Path, tensors: list[torch.Tensor], paths: list[Path]) -> list[Any]:
-    """Encode `obj` as a tree node, appending its tensors and their paths in order."""
+    """Encode `obj` as a tree node, appending its tensors and their paths in order.
+
+    A DTensor is appended as it is (the caller takes its local shard) and
+    encoded as an ``X`` node carrying its global shape.
+    """
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         paths.append(path)
+        if as_dtensor(obj) is not None:
+            return ["X", [len(tensors) - 1, [int(n) for n in obj.shape]]]
         return ["T", len(tensors) - 1]
     t = type(obj)
     if t is dict or t is OrderedDict:
@@ -171,9 +204,16 @@ def decode_skeleton(data: bytes) -> Skeleton:
         raise _bad("tensors must be a list")
     metas = [_decode_meta(i, r, sizes) for i, r in enumerate(raw)]
     paths: list[Path | None] = [None] * len(metas)
-    tree = _decode_node(doc.get("tree"), (), paths, 0)
+    dtensors: dict[int, tuple[int, ...]] = {}
+    tree = _decode_node(doc.get("tree"), (), paths, dtensors, 0)
     if any(p is None for p in paths):
         raise _bad("some tensors are not referenced by the tree")
+    for i, global_shape in dtensors.items():
+        if len(global_shape) != len(metas[i].shape):
+            raise _bad(
+                f"tensor {i}: DTensor global shape {list(global_shape)} and local shard shape "
+                f"{list(metas[i].shape)} differ in dimensions"
+            )
     used = [0] * len(sizes)
     for m in metas:
         if m.blob >= 0:
@@ -182,7 +222,7 @@ def decode_skeleton(data: bytes) -> Skeleton:
         if not 0 < size <= end + 64:  # 64: alignment padding at most
             raise _bad(f"blob {b} has {size} bytes but its tensors use {end}")
     assert isinstance(step, int)
-    return Skeleton(step, serial, tree, metas, [p for p in paths if p is not None], sizes)
+    return Skeleton(step, serial, tree, metas, [p for p in paths if p is not None], sizes, dtensors)
 
 
 def _decode_meta(i: int, r: Any, sizes: list[int]) -> TensorMeta:
@@ -242,18 +282,43 @@ def _decode_leaf(tag: str, val: Any) -> Any:
     raise _bad(f"unknown or malformed leaf [{tag!r}, {val!r:.100}]")
 
 
-def _decode_node(node: Any, path: Path, paths: list[Path | None], depth: int) -> Any:
-    """Validate one node and return its decoded value; tensors stay as ("T", i) markers."""
+def _tensor_ref(val: Any, path: Path, paths: list[Path | None]) -> _TensorRef:
+    if not _is_int(val) or not 0 <= val < len(paths) or paths[val] is not None:
+        raise _bad(f"tensor reference {val!r} out of range [0, {len(paths)}) or repeated")
+    paths[val] = path
+    return _TensorRef(val)
+
+
+def _decode_node(
+    node: Any,
+    path: Path,
+    paths: list[Path | None],
+    dtensors: dict[int, tuple[int, ...]],
+    depth: int,
+) -> Any:
+    """Validate one node and return its decoded value; tensors stay as `_TensorRef` markers.
+
+    Fills `paths` (tensor index → key path) and `dtensors` (index → global shape).
+    """
     if depth > _MAX_DEPTH:
         raise _bad(f"tree nested deeper than {_MAX_DEPTH} levels")
     if type(node) is not list or len(node) != 2 or type(node[0]) is not str:
         raise _bad(f"malformed tree node {node!r:.200}")
     tag, val = node
     if tag == "T":
-        if not _is_int(val) or not 0 <= val < len(paths) or paths[val] is not None:
-            raise _bad(f"tensor reference {val!r} out of range [0, {len(paths)}) or repeated")
-        paths[val] = path
-        return _TensorRef(val)
+        return _tensor_ref(val, path, paths)
+    if tag == "X":
+        if type(val) is not list or len(val) != 2 or type(val[1]) is not list:
+            raise _bad(f"DTensor node must hold [index, [global shape]], got {val!r:.200}")
+        index, shape = val
+        if len(shape) > _MAX_DIMS or not all(_is_int(x) and x >= 0 for x in shape):
+            raise _bad(
+                f"DTensor global shape must be at most {_MAX_DIMS} non-negative ints, "
+                f"got {shape!r:.200}"
+            )
+        ref = _tensor_ref(index, path, paths)
+        dtensors[ref.index] = tuple(shape)
+        return ref
     if tag in ("D", "O"):
         if type(val) is not list:
             raise _bad(f"dict node must hold a list, got {type(val).__name__}")
@@ -267,12 +332,12 @@ def _decode_node(node: Any, path: Path, paths: list[Path | None], depth: int) ->
             ):
                 raise _bad(f"malformed dict item {item!r:.200}")
             k = _decode_leaf(*item[0])
-            items.append((k, _decode_node(item[1], (*path, k), paths, depth + 1)))
+            items.append((k, _decode_node(item[1], (*path, k), paths, dtensors, depth + 1)))
         return dict(items) if tag == "D" else OrderedDict(items)
     if tag in ("L", "U"):
         if type(val) is not list:
             raise _bad(f"sequence node must hold a list, got {type(val).__name__}")
-        seq = [_decode_node(v, (*path, i), paths, depth + 1) for i, v in enumerate(val)]
+        seq = [_decode_node(v, (*path, i), paths, dtensors, depth + 1) for i, v in enumerate(val)]
         return seq if tag == "L" else tuple(seq)
     if tag == "S":
         if type(val) is not list or not all(_is_int(x) and x >= 0 for x in val):

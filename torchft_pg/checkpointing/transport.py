@@ -4,29 +4,110 @@ A healthy replica calls `send_checkpoint` with its state dict; a replica that is
 behind calls `recv_checkpoint` with the sender's `metadata()` string (exchanged
 through the manager) and gets the state dict back. `disallow_checkpoint` marks
 the point after which the sender may mutate its state dict again (the optimizer
-step), so no transfer may still be reading it.
+step), so no transfer may still be reading it; `allow_checkpoint(step)` opens
+serving of the last sent state dict again, for the same step.
 
-Timeouts are `datetime.timedelta`. The `timeout` passed to `send_checkpoint` /
+`address()` is where receivers reach this transport; by default it is the same
+string as `metadata()` (as in torchft, whose HTTP transport advertises its
+address as its metadata).
+
+Timeouts are `datetime.timedelta`; float or int seconds are accepted too
+(`to_timedelta`). The `timeout` passed to `send_checkpoint` /
 `recv_checkpoint` bounds the whole call (a deadline, not a per-operation limit).
+
+State dicts may hold `torch.distributed.tensor.DTensor` leaves: every transport
+sends a DTensor's local shard, and the receiver gets it back as a DTensor only
+when its own state dict has a DTensor at that path (see `serialization`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Generic, TypeVar
 
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["CheckpointTransport", "Deadline", "log_transfer", "logger"]
+__all__ = [
+    "CheckpointTransport",
+    "Deadline",
+    "SentCheckpoint",
+    "check_step",
+    "last_sent",
+    "log_transfer",
+    "logger",
+    "to_timedelta",
+]
 
 T = TypeVar("T")
 
 #: Each heal logs bytes, seconds and GB/s here at INFO.
 logger = logging.getLogger("torchft_pg.checkpointing")
+#: Longest timeout accepted, in seconds (~31 years): beyond it timedelta and
+#: threading waits overflow, so such a value can only be a mistake.
+_MAX_SECONDS = 1e9
+
+
+def to_timedelta(value: timedelta | float, name: str = "timeout") -> timedelta:
+    """`value` as a positive `timedelta`; a float or int is a number of seconds.
+
+    `TypeError` for any other type (bool included), `ValueError` if it is not
+    positive, not finite or over 1e9 seconds; both name `name` and the value.
+    """
+    if isinstance(value, timedelta):
+        out = value
+    elif type(value) in (int, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number of seconds, got {value!r}")
+        if abs(value) > _MAX_SECONDS:
+            raise ValueError(f"{name} must be at most {_MAX_SECONDS:.0e} seconds, got {value!r}")
+        out = timedelta(seconds=value)
+    else:
+        raise TypeError(
+            f"{name} must be a datetime.timedelta or a number of seconds (int or float), "
+            f"got {type(value).__name__} {value!r:.100}"
+        )
+    if out <= timedelta(0):
+        raise ValueError(f"{name} must be positive, got {value}")
+    if out.total_seconds() > _MAX_SECONDS:
+        raise ValueError(f"{name} must be at most {_MAX_SECONDS:.0e} seconds, got {value}")
+    return out
+
+
+def check_step(step: int, name: str = "step") -> int:
+    """`step` if it is an int (not a bool), else `TypeError` naming it."""
+    if type(step) is not int:
+        raise TypeError(f"{name} must be an int, got {type(step).__name__} {step!r:.100}")
+    return step
+
+
+@dataclass(frozen=True, kw_only=True)
+class SentCheckpoint(Generic[T]):
+    """The state dict last given to `send_checkpoint`, and its step."""
+
+    step: int
+    state_dict: T
+
+
+def last_sent(sent: SentCheckpoint[T] | None, step: int) -> SentCheckpoint[T]:
+    """`sent` if it is for `step`; else `ValueError` naming `step` (for `allow_checkpoint`)."""
+    check_step(step)
+    if sent is None:
+        raise ValueError(
+            f"allow_checkpoint(step={step}): nothing was sent for step {step} "
+            "(send_checkpoint was never called)"
+        )
+    if sent.step != step:
+        raise ValueError(
+            f"allow_checkpoint(step={step}): nothing was sent for step {step} "
+            f"(the last send_checkpoint was for step {sent.step})"
+        )
+    return sent
 
 
 class CheckpointTransport(ABC, Generic[T]):
@@ -35,6 +116,10 @@ class CheckpointTransport(ABC, Generic[T]):
     @abstractmethod
     def metadata(self) -> str:
         """What a receiver needs to find this sender (e.g. an URL prefix)."""
+
+    def address(self) -> str:
+        """Where receivers reach this transport; by default the same as `metadata()`."""
+        return self.metadata()
 
     @abstractmethod
     def send_checkpoint(
@@ -47,9 +132,24 @@ class CheckpointTransport(ABC, Generic[T]):
         call.
         """
 
-    @abstractmethod
     def disallow_checkpoint(self) -> None:
-        """Stop serving; when this returns no transfer reads the state dict any more."""
+        """Stop serving; when this returns no transfer reads the state dict any more.
+
+        The default does nothing, which is right for a transport whose
+        `send_checkpoint` returns only after every byte was sent.
+        """
+
+    def allow_checkpoint(self, step: int) -> None:
+        """Serve the state dict last given to `send_checkpoint` for `step` again.
+
+        Raises `ValueError` naming `step` when nothing was sent for it. The
+        default raises `NotImplementedError`: a transport has to say what
+        re-allowing means for it.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not implement allow_checkpoint(step={step!r}); "
+            "call send_checkpoint to serve a state dict"
+        )
 
     @abstractmethod
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
@@ -67,12 +167,14 @@ class CheckpointTransport(ABC, Generic[T]):
 class Deadline:
     """A budget of `timeout` from now: `remaining()` seconds left.
 
-    `clock` returns seconds (default `time.monotonic`); tests pass a fake.
+    `timeout` is a `timedelta` or seconds (`to_timedelta`). `clock` returns
+    seconds (default `time.monotonic`); tests pass a fake.
     """
 
-    def __init__(self, timeout: timedelta, clock: Callable[[], float] = time.monotonic) -> None:
-        if timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {timeout}")
+    def __init__(
+        self, timeout: timedelta | float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        timeout = to_timedelta(timeout)
         self._clock = clock
         self.timeout_s = timeout.total_seconds()
         self.start = clock()

@@ -1,0 +1,201 @@
+"""DTensor state dicts through every checkpoint transport, in a 1-rank gloo world on CPU.
+
+The sender sends each DTensor's local shard; the receiver gets the plain shard
+back, or, when its own state dict has a DTensor at that path, that DTensor
+with its local shard filled in place (see `torchft_pg.checkpointing.serialization`).
+HTTP runs over real sockets on 127.0.0.1; PGTransport over the in-memory group
+of the PG unit tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+from tests.unit.test_ckpt_pg_fake import pair
+from torchft_pg.checkpointing import HTTPTransport, InProcessHub, InProcessTransport, PGTransport
+from torchft_pg.checkpointing.serialization import pack
+from torchft_pg.checkpointing.skeleton import as_dtensor, decode_skeleton
+from torchft_pg.errors import RecoveryError
+
+T = timedelta(seconds=10)
+Receive = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[DeviceMesh]:
+    """A 1-D CPU mesh over a gloo world of one rank (store on 127.0.0.1, ephemeral port)."""
+    if dist.is_initialized():
+        pytest.fail("a default process group is already initialized in this test process")
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=T)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=T)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def half_of(local: torch.Tensor, mesh: DeviceMesh) -> DTensor:
+    """`local` as rank 0's shard of a DTensor twice as long (what a 2-way Shard(0) holds)."""
+    shape = (2 * local.shape[0], *local.shape[1:])
+    return DTensor.from_local(
+        local, mesh, [Shard(0)], run_check=False, shape=torch.Size(shape), stride=local.stride()
+    )
+
+
+def sent_state(mesh: DeviceMesh) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": half_of(torch.randn(8, 3, generator=g), mesh),
+        "big": distribute_tensor(torch.randn(1 << 19, generator=g), mesh, [Shard(0)]),
+        "bias": distribute_tensor(torch.randn(5, generator=g), mesh, [Replicate()]),
+        "plain": torch.arange(4),
+        "epoch": 2,
+    }
+
+
+def zeros_like_sent(mesh: DeviceMesh) -> dict[str, Any]:
+    return {
+        "w": half_of(torch.zeros(8, 3), mesh),
+        "big": distribute_tensor(torch.zeros(1 << 19), mesh, [Shard(0)]),
+        "bias": distribute_tensor(torch.zeros(5), mesh, [Replicate()]),
+        "plain": torch.zeros(4, dtype=torch.int64),
+        "epoch": 0,
+    }
+
+
+def via_in_process(sd: dict[str, Any], template: Any) -> dict[str, Any]:
+    hub = InProcessHub()
+    sender: InProcessTransport[dict[str, Any]] = InProcessTransport(hub, "src")
+    fn = (lambda: template) if template is not None else None
+    receiver: InProcessTransport[dict[str, Any]] = InProcessTransport(hub, "dst", state_dict=fn)
+    sender.send_checkpoint([1], 4, sd, T)
+    return receiver.recv_checkpoint(0, sender.metadata(), 4, T)
+
+
+def via_http(num_chunks: int) -> Receive:
+    def receive(sd: dict[str, Any], template: Any) -> dict[str, Any]:
+        fn = (lambda: template) if template is not None else None
+        sender = HTTPTransport[dict[str, Any]](T, bind_host="127.0.0.1")
+        receiver = HTTPTransport[dict[str, Any]](
+            T, num_chunks, bind_host="127.0.0.1", state_dict=fn
+        )
+        try:
+            sender.send_checkpoint([1], 4, sd, T)
+            return receiver.recv_checkpoint(0, sender.address(), 4, T)
+        finally:
+            sender.shutdown()
+            receiver.shutdown()
+
+    return receive
+
+
+def via_pg(sd: dict[str, Any], template: Any) -> dict[str, Any]:
+    g0, g1 = pair()
+    cpu = torch.device("cpu")
+    fn = (lambda: template) if template is not None else None
+    sender = PGTransport[dict[str, Any]](g0, T, cpu)
+    receiver = PGTransport[dict[str, Any]](g1, T, cpu, state_dict=fn)
+    sender.send_checkpoint([1], 4, sd, T)  # the in-memory group's sends never block
+    return receiver.recv_checkpoint(0, sender.metadata(), 4, T)
+
+
+TRANSPORTS: dict[str, Receive] = {
+    "in_process": via_in_process,
+    "http": via_http(0),
+    "http_chunked": via_http(3),
+    "pg": via_pg,
+}
+
+
+def local(t: Any) -> torch.Tensor:
+    assert isinstance(t, DTensor)
+    return t.to_local()
+
+
+@pytest.mark.parametrize("how", list(TRANSPORTS))
+def test_without_a_target_each_dtensor_arrives_as_its_local_shard(
+    mesh: DeviceMesh, how: str
+) -> None:
+    sd = sent_state(mesh)
+    out = TRANSPORTS[how](sd, None)
+    for key in ("w", "big", "bias"):
+        got = out[key]
+        assert type(got) is torch.Tensor, f"{key}: plain local shard, got {type(got).__name__}"
+        assert torch.equal(got, local(sd[key])), key
+        assert got.data_ptr() != local(sd[key]).data_ptr(), f"{key}: a copy, not the sender's"
+    assert out["w"].shape == (8, 3), "the local shard, not the global (16, 3) shape"
+    assert torch.equal(out["plain"], torch.arange(4)) and out["epoch"] == 2
+
+
+@pytest.mark.parametrize("how", list(TRANSPORTS))
+def test_a_dtensor_target_is_filled_in_place(mesh: DeviceMesh, how: str) -> None:
+    sd = sent_state(mesh)
+    mine = zeros_like_sent(mesh)
+    mine["big"] = torch.nn.Parameter(mine["big"])  # a parameter: requires_grad must not matter
+    ptrs = {k: local(mine[k]).data_ptr() for k in ("w", "big", "bias")}
+    out = TRANSPORTS[how](sd, mine)
+    for key in ("w", "big", "bias"):
+        got = out[key]
+        assert got is mine[key], f"{key}: the receiver's own DTensor comes back"
+        assert local(got).data_ptr() == ptrs[key], f"{key}: received into its local shard"
+        assert torch.equal(local(got), local(sd[key])), key
+        assert got.placements == sd[key].placements and got.shape == sd[key].shape, key
+    assert out["big"].requires_grad
+    assert out["w"].shape == (16, 3) and torch.equal(out["plain"], torch.arange(4))
+
+
+@pytest.mark.parametrize("how", ["in_process", "http"])
+def test_a_dtensor_sharded_differently_is_a_recovery_error(mesh: DeviceMesh, how: str) -> None:
+    sd = sent_state(mesh)
+    mine = zeros_like_sent(mesh)
+    mine["w"] = DTensor.from_local(
+        torch.zeros(8, 3),
+        mesh,
+        [Shard(0)],
+        run_check=False,
+        shape=torch.Size((24, 3)),
+        stride=(3, 1),
+    )
+    with pytest.raises(
+        RecoveryError,
+        match=r"DTensor at \('w',\): the sender's local shard is torch.float32 \[8, 3\] of "
+        r"global shape \[16, 3\], this receiver's is torch.float32 \[8, 3\] .* of global "
+        r"shape \[24, 3\]",
+    ):
+        TRANSPORTS[how](sd, mine)
+    assert not local(mine["w"]).any(), "nothing was written into the mismatched target"
+
+
+def test_plain_tensors_and_dtensors_are_not_received_into_each_other(mesh: DeviceMesh) -> None:
+    sd = {"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)]), "p": torch.randn(6)}
+    mine = {"d": torch.zeros(6), "p": distribute_tensor(torch.zeros(6), mesh, [Shard(0)])}
+    out = via_in_process(sd, mine)
+    assert type(out["d"]) is torch.Tensor and out["d"] is not mine["d"]
+    assert type(out["p"]) is torch.Tensor and out["p"] is not mine["p"]
+    assert torch.equal(out["d"], local(sd["d"])) and torch.equal(out["p"], sd["p"])
+    assert not mine["d"].any() and not local(mine["p"]).any()
+
+
+def test_the_wire_carries_the_local_shard_and_the_global_shape(mesh: DeviceMesh) -> None:
+    sd = sent_state(mesh)
+    packed = pack(sd, 4)
+    big = local(sd["big"])
+    assert any(b.data_ptr() == big.data_ptr() for b in packed.blobs), "sent from its own memory"
+    skeleton = decode_skeleton(packed.skeleton_bytes)
+    by_path = {p[0]: i for i, p in enumerate(skeleton.paths)}
+    assert dict(skeleton.dtensors) == {
+        by_path["w"]: (16, 3),
+        by_path["big"]: (1 << 19,),
+        by_path["bias"]: (5,),
+    }
+    assert skeleton.tensors[by_path["w"]].shape == (8, 3)
+    assert b"Shard" not in packed.skeleton_bytes, "no mesh or placements on the wire"
+    assert as_dtensor(sd["w"]) is sd["w"] and as_dtensor(sd["plain"]) is None

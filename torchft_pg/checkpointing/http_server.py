@@ -1,0 +1,200 @@
+"""The serving side of `HTTPTransport`: a threaded HTTP server over a `ServingGate`.
+
+Endpoints (all GET):
+
+* ``/checkpoint/{step}/meta?wait_ms=W`` — the skeleton (`serialization`).
+* ``/checkpoint/{step}/chunk/{i}/{n}?serial=S&wait_ms=W`` — chunk `i` of `n`
+  (`layout.plan_chunks`): the raw blob bytes, then an 8-byte little-endian
+  checksum of what was sent (`layout.piece_digest` folded by `layout.Digest`).
+
+A request waits up to ``min(W ms, server timeout)`` for serving to be allowed.
+Answers other than 200:
+
+* ``400`` — a malformed path, or a step other than the one served; the latter
+  names both steps in its body and carries the served step in the
+  `SERVED_STEP_HEADER` header, so the receiver can report it exactly;
+* ``409`` — a chunk request whose ``serial`` is not the served checkpoint's
+  (it was re-sent or re-allowed since the receiver read the metadata);
+* ``503`` — serving was not allowed within the wait, or the server shuts down;
+* ``500`` — an unexpected error on the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from torchft_pg.checkpointing.gate import (
+    GateClosedError,
+    NotAllowedError,
+    ServingGate,
+    WrongStepError,
+)
+from torchft_pg.checkpointing.layout import (
+    Digest,
+    byte_view,
+    iter_pieces,
+    piece_digest,
+    plan_chunks,
+)
+from torchft_pg.checkpointing.serialization import Packed
+from torchft_pg.checkpointing.transport import logger
+
+__all__ = ["MAX_CHUNKS", "SERVED_STEP_HEADER", "CheckpointServer", "parse_path"]
+
+#: Most chunks a checkpoint may be split into (bounds the server's per-request plan).
+MAX_CHUNKS = 256
+#: Response header of a wrong-step answer: the step this server serves.
+SERVED_STEP_HEADER = "X-Checkpoint-Served-Step"
+
+
+class CheckpointServer(ThreadingHTTPServer):
+    """Serves the checkpoint open in `gate` on `addr` (port 0 = ephemeral).
+
+    `timeout_s` (seconds) is the socket timeout for a stalled receiver and
+    the longest a request waits for the gate to open. `active` holds the
+    connections being served, so the owner can cut them off.
+    """
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128
+
+    def __init__(self, addr: tuple[str, int], gate: ServingGate[Packed], timeout_s: float) -> None:
+        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        self.gate = gate
+        self.timeout_s = timeout_s
+        self.active: set[socket.socket] = set()
+        self.active_lock = threading.Lock()
+        super().__init__(addr, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we do not need.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = (
+            str(self.server_address[0]),
+            int(self.server_address[1]),
+        )
+
+
+class _Abort(Exception):
+    """Stop streaming: the checkpoint was disallowed or replaced mid-transfer."""
+
+
+def parse_path(path: str) -> tuple[int, str, int, int, dict[str, str]]:
+    """``/checkpoint/{step}/meta`` or ``.../chunk/{i}/{n}`` → (step, kind, i, n, query).
+
+    `ValueError` naming the path and the expected forms otherwise.
+    """
+    url = urllib.parse.urlsplit(path)
+    parts = url.path.strip("/").split("/")
+    query = {k: v[0] for k, v in urllib.parse.parse_qs(url.query).items()}
+    usage = (
+        f"path must be /checkpoint/<step>/meta or /checkpoint/<step>/chunk/<i>/<n>, got {path!r}"
+    )
+    try:
+        if len(parts) == 3 and parts[0] == "checkpoint" and parts[2] == "meta":
+            return int(parts[1]), "meta", 0, 1, query
+        if len(parts) == 5 and parts[0] == "checkpoint" and parts[2] == "chunk":
+            step, i, n = int(parts[1]), int(parts[3]), int(parts[4])
+            if 0 <= i < n <= MAX_CHUNKS:
+                return step, "chunk", i, n, query
+    except ValueError as exc:
+        raise ValueError(usage) from exc
+    raise ValueError(usage)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: CheckpointServer
+    protocol_version = "HTTP/1.0"
+
+    def setup(self) -> None:
+        super().setup()
+        self.connection.settimeout(self.server.timeout_s)
+        with self.server.active_lock:
+            self.server.active.add(self.connection)
+
+    def finish(self) -> None:
+        with self.server.active_lock:
+            self.server.active.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("http %s " + format, self.address_string(), *args)
+
+    def _error(self, code: int, msg: str, headers: dict[str, str] | None = None) -> None:
+        body = msg.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        server = self.server
+        try:
+            step, kind, i, n, query = parse_path(self.path)
+            wait_s = min(server.timeout_s, max(0.0, int(query.get("wait_ms", "0")) / 1000))
+        except ValueError as exc:
+            self._error(400, str(exc))
+            return
+        try:
+            with server.gate.read(step, wait_s) as packed:
+                if kind == "meta":
+                    self._send_meta(packed)
+                elif query.get("serial") != packed.skeleton.serial:
+                    self._error(
+                        409, f"checkpoint of step {step} changed since its metadata was read"
+                    )
+                else:
+                    self._send_chunk(packed, i, n)
+        except WrongStepError as exc:
+            self._error(400, str(exc), {SERVED_STEP_HEADER: str(exc.serving)})
+        except NotAllowedError as exc:
+            self._error(503, f"step {step}: {exc} (send_checkpoint not called, or disallowed)")
+        except GateClosedError as exc:
+            self._error(503, str(exc))
+        except (_Abort, OSError) as exc:
+            logger.debug("http %s: transfer stopped: %r", self.address_string(), exc)
+            self.close_connection = True
+        except Exception as exc:
+            logger.exception("checkpoint server error on %s", self.path)
+            self.close_connection = True
+            with contextlib.suppress(OSError):  # headers may already be out; then the
+                self._error(500, f"{type(exc).__name__}: {exc}")  # receiver sees a bad body
+
+    def _send_meta(self, packed: Packed) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(packed.skeleton_bytes)))
+        self.end_headers()
+        self.wfile.write(packed.skeleton_bytes)
+
+    def _send_chunk(self, packed: Packed, i: int, n: int) -> None:
+        segments = plan_chunks(packed.skeleton.blob_sizes, n)[i]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(sum(s.length for s in segments) + 8))
+        self.end_headers()
+        gate, digest, start = self.server.gate, Digest(), time.monotonic()
+        for seg in segments:
+            for p in iter_pieces(seg):
+                if not gate.is_current(packed):
+                    raise _Abort("checkpoint disallowed mid-transfer")
+                view = packed.blobs[p.blob][p.offset : p.offset + p.length]
+                self.wfile.write(byte_view(view))
+                digest.update(piece_digest(view))
+        self.wfile.write(digest.value.to_bytes(8, "little"))
+        nbytes, secs = sum(s.length for s in segments), time.monotonic() - start
+        logger.debug(
+            "served step=%d chunk %d/%d bytes=%d seconds=%.4f", packed.step, i, n, nbytes, secs
+        )
