@@ -203,18 +203,22 @@ def encode_args(
     args: Any, registry: SharedStorageRegistry, inline_budget: int
 ) -> tuple[Any, EncodedArgs]:
     out = EncodedArgs()
-    budget = [inline_budget]
+    return _encode_value(args, out, registry, [inline_budget]), out
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return _encode_tensor(v, out, registry, budget)
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if isinstance(v, tuple):
-            return tuple(walk(x) for x in v)
-        return encode_options(v)
 
-    return walk(args), out
+def _encode_value(
+    v: Any, out: EncodedArgs, registry: SharedStorageRegistry, budget: list[int]
+) -> Any:
+    # A plain recursive function: a nested closure calling itself would form a
+    # reference cycle holding `out` (and the shared-memory tensors and their fds)
+    # until the cyclic GC ran.
+    if isinstance(v, torch.Tensor):
+        return _encode_tensor(v, out, registry, budget)
+    if isinstance(v, list):
+        return [_encode_value(x, out, registry, budget) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_encode_value(x, out, registry, budget) for x in v)
+    return encode_options(v)
 
 
 def _encode_tensor(
@@ -279,22 +283,25 @@ class ChildTensors:
         self, args: Any, inline: list[bytes], fds: list[int]
     ) -> tuple[Any, list[torch.Tensor]]:
         inline_tensors: list[torch.Tensor] = []
-
-        def walk(v: Any) -> Any:
-            if isinstance(v, tuple) and v and v[0] in ("inline", "shm", "cuda"):
-                return self._tensor(v, inline, fds, inline_tensors)
-            if isinstance(v, tuple) and v and v[0] == "options":
-                return decode_options(v)
-            if isinstance(v, list):
-                return [walk(x) for x in v]
-            if isinstance(v, tuple):
-                return tuple(walk(x) for x in v)
-            return decode_options(v)
-
-        decoded = walk(args)
+        decoded = self._decode_value(args, inline, fds, inline_tensors)
         for fd in fds:  # the mapping holds the memory; the fd is no longer needed
             os.close(fd)
         return decoded, inline_tensors
+
+    def _decode_value(
+        self, v: Any, inline: list[bytes], fds: list[int], inline_tensors: list[torch.Tensor]
+    ) -> Any:
+        # A method, not a self-calling closure: that would be a reference cycle
+        # keeping every decoded tensor alive until the cyclic GC ran.
+        if isinstance(v, tuple) and v and v[0] in ("inline", "shm", "cuda"):
+            return self._tensor(v, inline, fds, inline_tensors)
+        if isinstance(v, tuple) and v and v[0] == "options":
+            return decode_options(v)
+        if isinstance(v, list):
+            return [self._decode_value(x, inline, fds, inline_tensors) for x in v]
+        if isinstance(v, tuple):
+            return tuple(self._decode_value(x, inline, fds, inline_tensors) for x in v)
+        return decode_options(v)
 
     def _tensor(
         self, spec: Any, inline: list[bytes], fds: list[int], inline_tensors: list[torch.Tensor]
