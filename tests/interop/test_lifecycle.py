@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed import HashStore, PrefixStore
+from torch.distributed import AllreduceOptions, HashStore, PrefixStore
 
 from tests.multiproc import RankContext, run_ranks, store_server
 from torchft_pg import ProcessGroupBabyGloo, ProcessGroupDummy, ProcessGroupGloo
@@ -196,6 +196,32 @@ def test_configure_destroy_cycles_and_dropped_groups_leak_nothing(store_addr: st
     assert refs[0]() is None, "a dropped group is still referenced"
     assert _fds() <= fds + 2, (fds, _fds())
     assert threading.active_count() <= threads + 1, (threads, threading.active_count())
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_baby_configure_cycles_with_shared_memory_tensors_leak_nothing(store_addr: str) -> None:
+    warm = ProcessGroupGloo(timeout=timedelta(seconds=10))  # this store's pooled client
+    warm.configure(f"{store_addr}/baby-shm/warm", 0, 1)
+    warm.shutdown()
+    before_shm, before_fds = _shm(), _fds()
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=30), warm_spare=False)
+    big = torch.ones(64 * 1024)  # 256 KiB: travels through shared memory, not the socket
+    for i in range(100):
+        pg.configure(f"{store_addr}/baby-shm/{i}", 0, 1)
+        work = pg.allreduce([big], AllreduceOptions())
+        work.wait()
+        dist.all_reduce(torch.ones(64 * 1024), group=pg)  # a fresh tensor each time
+        if i == 9:
+            warm_shm, warm_fds = _shm(), _fds()
+    assert _shm() - warm_shm == set()
+    assert _fds() <= warm_fds + 2, (warm_fds, _fds())
+    pg.shutdown()
+    gc.collect()
+    assert _shm() - before_shm == set()
+    assert _fds() <= before_fds + 2, (before_fds, _fds())
 
 
 def test_a_dropped_baby_group_stops_its_children(store_addr: str) -> None:

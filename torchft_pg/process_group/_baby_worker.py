@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torchft_pg.errors import is_timeout
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group import _reaper
 
@@ -119,9 +120,10 @@ class _Child:
                 _, store_addr, rank, world_size, timeout_s = message
                 try:
                     self.configure(store_addr, rank, world_size, timeout_s)
-                    self.reply(("configured", None))
+                    self.reply(("configured", None, False))
                 except Exception as e:
-                    self.reply(("configured", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+                    text = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+                    self.reply(("configured", text, is_timeout(e)))
             elif kind == "shutdown":
                 return
 

@@ -107,6 +107,7 @@ class _ChildProcess:
         self._ready = threading.Event()
         self._configured = threading.Event()
         self._configure_error: str | None = None
+        self._configure_timed_out = False
         self.dead: Exception | None = None
         self._thread = threading.Thread(
             target=self._receive, name="torchft_pg-baby-recv", daemon=True
@@ -134,7 +135,7 @@ class _ChildProcess:
                 if kind == "done":
                     self._complete(message[1], message[2], message[3], message[4])
                 elif kind == "configured":
-                    self._configure_error = message[1]
+                    self._configure_error, self._configure_timed_out = message[1], message[2]
                     self._configured.set()
                 elif kind == "ready":
                     self._ready.set()
@@ -192,7 +193,8 @@ class _ChildProcess:
         if self.dead is not None:
             raise self.dead
         if self._configure_error is not None:
-            raise ProcessGroupError(self._configure_error)
+            kind = ProcessGroupTimeoutError if self._configure_timed_out else ProcessGroupError
+            raise kind(f"Baby PG child (pid {self.pid}): {self._configure_error}")
 
     def submit(
         self, name: str, args: tuple[Any, ...], outputs: Any, timeout: timedelta
@@ -214,6 +216,10 @@ class _ChildProcess:
             op.finish(self.dead)  # the child died between our insert and _die's sweep
         return _BabyWork(op, timeout, self.pid)
 
+    def num_pending(self) -> int:
+        """Ops sent to the child that have not completed."""
+        return len(self._pending)
+
     def kill(self) -> None:
         """SIGKILL the child: pending and future work fail at once, nothing hangs."""
         if self.proc.poll() is None:
@@ -224,7 +230,14 @@ class _ChildProcess:
         self._close_socket()
 
     def close(self) -> None:
-        """Ask the child to exit; kill it if it does not within 5 s."""
+        """Ask the child to exit; kill it if it does not within 5 s.
+
+        A child still starting (importing torch, seconds) holds no group and
+        would only read the request once started: it is killed at once.
+        """
+        if not self._ready.is_set():
+            self.kill()
+            return
         if self.proc.poll() is None:
             try:
                 self._send(("shutdown",))
@@ -386,6 +399,10 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         if child.dead is not None:
             raise ProcessGroupAbortedError(f"{child.dead}; call configure() to start a new child")
         return child.submit(op, args, outputs, self._timeout)
+
+    def num_active_work(self) -> int:
+        child = self._pg
+        return child.num_pending() if isinstance(child, _ChildProcess) else 0
 
     def errored(self) -> Exception | None:
         child = self._pg

@@ -198,6 +198,14 @@ class ProcessGroup(BaseProcessGroup):
     def interrupt_configure(self, reason: str) -> None:
         """Make a `configure` in progress fail now (a member is known dead); default: no-op."""
 
+    def num_active_work(self) -> int:
+        """How many operations this group started that have not completed yet.
+
+        Counts the works the caller still holds (a dropped work is not
+        tracked); 0 for groups that complete every op at once.
+        """
+        return 0
+
     def set_timeout(self, timeout: timedelta) -> None:
         """Set the timeout of future operations."""
         raise NotImplementedError("set_timeout")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -43,6 +44,7 @@ class ProcessGroupGloo(ProcessGroupWrapper):
     def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
         super().__init__(timeout=timeout)
         self._abort_signal = AbortSignal()  # one per backend: fired by abort()
+        self._works: weakref.WeakSet[AbortableWork] = weakref.WeakSet()
 
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         self._abort_signal = AbortSignal()
@@ -50,8 +52,14 @@ class ProcessGroupGloo(ProcessGroupWrapper):
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         # Gloo's own abort() leaves a thread in wait() asleep until the op times out.
-        work = super()._run(op, outputs, *args)
-        return AbortableWork(work, self._abort_signal, self._timeout, outputs)
+        work = AbortableWork(
+            super()._run(op, outputs, *args), self._abort_signal, self._timeout, outputs
+        )
+        self._works.add(work)
+        return work
+
+    def num_active_work(self) -> int:
+        return sum(1 for work in list(self._works) if not work.is_completed())
 
     def _abort_backend(self, pg: Any) -> None:
         self._abort_signal.fire(ProcessGroupAbortedError("ProcessGroupGloo was aborted"))

@@ -38,6 +38,7 @@ from torchft_pg.errors import (
     ProcessGroupAbortedError,
     ProcessGroupError,
     ProcessGroupTimeoutError,
+    is_timeout,
 )
 from torchft_pg.process_group import _checks, _reaper
 from torchft_pg.process_group.base import (
@@ -201,7 +202,7 @@ class ProcessGroupWrapper(ProcessGroup):
         except ProcessGroupError:
             raise  # ours already say what happened
         except Exception as e:
-            kind = ProcessGroupTimeoutError if _is_timeout(e) else ProcessGroupError
+            kind = ProcessGroupTimeoutError if is_timeout(e) else ProcessGroupError
             raise kind(
                 f"{type(self).__name__}.configure({store_addr!r}, rank={rank}, "
                 f"world_size={world_size}) failed within {self._timeout}: {e}"
@@ -254,6 +255,11 @@ class ProcessGroupWrapper(ProcessGroup):
         if self._wrapped is not None:
             return self._wrapped.errored()
         return None
+
+    def num_active_work(self) -> int:
+        if self._wrapped is not None:
+            return self._wrapped.num_active_work()
+        return super().num_active_work()
 
     def set_timeout(self, timeout: timedelta | float) -> None:
         timeout = self._timeout = as_timeout(timeout)
@@ -607,8 +613,3 @@ def _parse_rank(value: bytes) -> int:
         return int(value)
     except ValueError:
         return -1  # a member of an older version wrote a bare marker
-
-
-def _is_timeout(e: BaseException) -> bool:
-    text = str(e).lower()
-    return isinstance(e, TimeoutError) or "timeout" in text or "timed out" in text

@@ -66,7 +66,12 @@ class ManagerLike(Protocol):
     @property
     def pg(self) -> ProcessGroup: ...
 
-    def allreduce(self, tensor: torch.Tensor, reduce_op: ReduceOp.RedOpType = ...) -> Work: ...
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        should_quantize: bool = ...,
+        reduce_op: ReduceOp | ReduceOp.RedOpType = ...,
+    ) -> Work: ...
 
     def num_participants(self) -> int: ...
 
