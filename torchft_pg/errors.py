@@ -8,12 +8,15 @@
     │   ├── ProcessGroupAbortedError                     the PG was aborted / shut down / its child died
     │   └── ProcessGroupTimeoutError (+TimeoutError)     an operation outlived the PG timeout
     ├── RecoveryError                                    healing from a peer failed
-    └── CommitFailedError                                too many consecutive failed commits
+    ├── CommitFailedError                                too many consecutive failed commits
+    └── ExceptionWithTraceback                           what Manager.errored() returns
 
 Bad arguments are ValueError/TypeError and name the value and what was expected.
 """
 
 from __future__ import annotations
+
+import traceback
 
 from lighthouse.errors import (
     FaultToleranceError,
@@ -25,6 +28,7 @@ from lighthouse.errors import (
 
 __all__ = [
     "CommitFailedError",
+    "ExceptionWithTraceback",
     "FaultToleranceError",
     "LighthouseUnavailableError",
     "ManagerUnavailableError",
@@ -35,6 +39,7 @@ __all__ = [
     "QuorumRejectedError",
     "QuorumTimeoutError",
     "RecoveryError",
+    "is_timeout",
 ]
 
 
@@ -60,3 +65,27 @@ class RecoveryError(FaultToleranceError):
 
 class CommitFailedError(FaultToleranceError):
     """More consecutive commits failed than `max_retries` allows."""
+
+
+class ExceptionWithTraceback(FaultToleranceError):
+    """A step's failure as `Manager.errored()` reports it (torchft's shape).
+
+    `original_exception` is the error itself (test its type there);
+    `stack_trace` is where it was reported from, or raised if it carries a
+    traceback.
+    """
+
+    def __init__(self, e: Exception) -> None:
+        self.original_exception = e
+        if e.__traceback__ is not None:
+            self.stack_trace = "".join(traceback.format_exception(e))
+        else:
+            self.stack_trace = "".join(traceback.format_stack(limit=16)[:-1])
+        super().__init__(f"{type(e).__name__}: {e}")
+
+
+def is_timeout(e: BaseException) -> bool:
+    """Whether `e` reports a timeout: a `TimeoutError`, or a backend error
+    (c10d's DistStoreError, Gloo's) whose message says it timed out."""
+    text = str(e).lower()
+    return isinstance(e, TimeoutError) or "timeout" in text or "timed out" in text

@@ -4,6 +4,12 @@
 error, the deadline, or an explicit `abort` (the Manager aborts every
 in-flight collective when the lighthouse reports a dead peer, instead of
 waiting for the collective's own timeout).
+
+torchft's helpers, same names and arguments: `future_timeout` (a future that
+fails with `TimeoutError` after `timeout`), `future_wait` (wait at most
+`timeout`), `context_timeout` (call back if a block outlives `timeout`) and
+`stream_timeout` (call back if the current CUDA stream has not reached this
+point after `timeout`). Every timeout is a `datetime.timedelta`.
 """
 
 from __future__ import annotations
@@ -13,13 +19,22 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+import torch
 from torch.futures import Future
 
-__all__ = ["ProxyFuture", "Watchdog", "watchdog"]
+__all__ = [
+    "ProxyFuture",
+    "Watchdog",
+    "context_timeout",
+    "future_timeout",
+    "future_wait",
+    "stream_timeout",
+    "watchdog",
+]
 
 T = TypeVar("T")
 
@@ -31,6 +46,7 @@ class Watchdog:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._ids = itertools.count()
+        self._pending: set[int] = set()  # scheduled and not yet run
         self._cancelled: set[int] = set()
         self._thread: threading.Thread | None = None
 
@@ -39,6 +55,7 @@ class Watchdog:
         handle = next(self._ids)
         with self._cond:
             heapq.heappush(self._heap, (time.monotonic() + delay.total_seconds(), handle, callback))
+            self._pending.add(handle)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="torchft_pg-watchdog", daemon=True
@@ -48,8 +65,10 @@ class Watchdog:
         return handle
 
     def cancel(self, handle: int) -> None:
+        """Do not run `handle`'s callback (no effect once it has run)."""
         with self._cond:
-            self._cancelled.add(handle)
+            if handle in self._pending:
+                self._cancelled.add(handle)
 
     def _run(self) -> None:
         while True:
@@ -62,6 +81,7 @@ class Watchdog:
                     self._cond.wait(deadline - now)
                     continue
                 heapq.heappop(self._heap)
+                self._pending.discard(handle)
                 if handle in self._cancelled:
                     self._cancelled.discard(handle)
                     continue
@@ -135,3 +155,86 @@ class ProxyFuture(Generic[T]):
     @property
     def done(self) -> bool:
         return self._done
+
+
+def _check_timeout(timeout: timedelta) -> None:
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"timeout must be a datetime.timedelta, got {timeout!r}")
+
+
+def future_timeout(fut: Future[T], timeout: timedelta) -> Future[T]:
+    """A future with `fut`'s value or error, or `TimeoutError` if `fut` is not
+    done within `timeout`. `fut` itself is left running."""
+    _check_timeout(timeout)
+    out: Future[Any] = Future()
+    lock = threading.Lock()
+    settled = [False]
+
+    def settle(value: Any = None, error: Exception | None = None) -> bool:
+        with lock:
+            if settled[0]:
+                return False
+            settled[0] = True
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(value)
+        return True
+
+    def expire() -> None:
+        settle(error=TimeoutError(f"future did not complete within {timeout}"))
+
+    handle = watchdog.schedule(timeout, expire)
+
+    def on_done(source: Future[T]) -> None:
+        try:
+            value = source.value()
+        except Exception as e:
+            if settle(error=e):
+                watchdog.cancel(handle)
+            return
+        if settle(value):
+            watchdog.cancel(handle)
+
+    fut.add_done_callback(on_done)
+    return out
+
+
+def future_wait(fut: Future[T], timeout: timedelta) -> T:
+    """`fut`'s value, waiting at most `timeout`; raises `TimeoutError` after that
+    (and `fut`'s own error if it failed)."""
+    _check_timeout(timeout)
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    if not done.wait(timeout.total_seconds()):
+        raise TimeoutError(f"future did not complete within {timeout}")
+    return fut.wait()
+
+
+@contextlib.contextmanager
+def context_timeout(callback: Callable[[], None], timeout: timedelta) -> Iterator[None]:
+    """Call `callback` (on the watchdog thread) if the block has not exited
+    within `timeout`, e.g. to abort a group a stuck collective runs on."""
+    _check_timeout(timeout)
+    handle = watchdog.schedule(timeout, callback)
+    try:
+        yield
+    finally:
+        watchdog.cancel(handle)
+
+
+def stream_timeout(callback: Callable[[], None], timeout: timedelta) -> None:
+    """Call `callback` if the current CUDA stream has not reached this point
+    (an event recorded now) within `timeout`. Without CUDA there is no stream
+    to wait for, and nothing is scheduled."""
+    _check_timeout(timeout)
+    if not torch.cuda.is_available():
+        return
+    event = torch.cuda.Event()
+    event.record()
+
+    def check() -> None:
+        if not event.query():
+            callback()
+
+    watchdog.schedule(timeout, check)

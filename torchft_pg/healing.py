@@ -7,11 +7,59 @@ counters, so a healed replica resumes at exactly the sender's committed step.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["StateDictRegistry"]
+from torchft_pg.errors import RecoveryError
+
+__all__ = ["ReadGate", "StateDictRegistry"]
+
+
+class ReadGate:
+    """Lets heal sends read the user's state only while the user allows it.
+
+    `disallow()` waits for a read in progress to finish and then blocks new
+    ones until `allow()`; a reader waits at most its `timeout_s` seconds and
+    then fails the heal (the step votes no) instead of stalling the job. Not
+    tied to a thread: the training thread disallows, the quorum thread reads.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._allowed = True
+
+    @property
+    def allowed(self) -> bool:
+        return self._allowed
+
+    def allow(self) -> None:
+        with self._cond:
+            self._allowed = True
+            self._cond.notify_all()
+
+    def disallow(self) -> None:
+        with self._cond:
+            self._allowed = False
+            self._cond.wait_for(lambda: self._readers == 0)
+
+    @contextlib.contextmanager
+    def reading(self, timeout_s: float) -> Iterator[None]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._allowed, timeout_s):
+                raise RecoveryError(
+                    f"state dict reads stayed disallowed for {timeout_s:.3f} s "
+                    "(disallow_state_dict_read() without allow_state_dict_read())"
+                )
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
 
 
 class StateDictRegistry:

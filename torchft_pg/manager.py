@@ -35,14 +35,19 @@ from torch.futures import Future
 from lighthouse import FailureNotice, ManagerClient, ManagerServer, QuorumResult
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
-from torchft_pg.errors import CommitFailedError, ProcessGroupError, RecoveryError
+from torchft_pg.errors import (
+    CommitFailedError,
+    ExceptionWithTraceback,
+    ProcessGroupError,
+    RecoveryError,
+)
 from torchft_pg.futures import ProxyFuture
-from torchft_pg.healing import StateDictRegistry
-from torchft_pg.manager_setup import connect_replica_group
+from torchft_pg.healing import ReadGate, StateDictRegistry
+from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY, connect_replica_group
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.work import ManagedWork, completed_work
 
-__all__ = ["Manager", "QuorumTimings", "WorldSizeMode"]
+__all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "Manager", "QuorumTimings", "WorldSizeMode"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,6 +158,7 @@ class Manager:
         self._max_retries = max_retries
         self._clock = clock
         self._states = StateDictRegistry()
+        self._state_reads = ReadGate()
         if load_state_dict is not None and state_dict is not None:
             self._states.register("default", load_state_dict, state_dict)
 
@@ -210,7 +216,7 @@ class Manager:
         self._participating_world_size = 0
         self._healing = False
         self._pending_user_state: dict[str, Any] | None = None
-        self._errored: Exception | None = None
+        self._errored: ExceptionWithTraceback | None = None
         self._last_start: float | None = None
         self._quorum_requested = 0.0
         self._timings: QuorumTimings | None = None
@@ -393,12 +399,13 @@ class Manager:
     def _heal(self, result: QuorumResult, timeout: timedelta) -> None:
         try:
             if result.recover_dst_replica_ranks:
-                self._transport.send_checkpoint(
-                    result.recover_dst_replica_ranks,
-                    result.max_step,
-                    self._states.payload(self._counters()),
-                    self._timeout,
-                )
+                with self._state_reads.reading(self._timeout.total_seconds()):
+                    self._transport.send_checkpoint(
+                        result.recover_dst_replica_ranks,
+                        result.max_step,
+                        self._states.payload(self._counters()),
+                        self._timeout,
+                    )
             if result.heal:
                 self._healing = True
                 start = time.perf_counter()
@@ -445,7 +452,7 @@ class Manager:
         self,
         tensor: torch.Tensor,
         should_quantize: bool = False,
-        reduce_op: ReduceOp.RedOpType = ReduceOp.AVG,
+        reduce_op: ReduceOp | ReduceOp.RedOpType = ReduceOp.AVG,
     ) -> Work:
         """Allreduce `tensor` across participating replicas; never raises.
 
@@ -465,7 +472,12 @@ class Manager:
             if not self.is_participating():
                 tensor.zero_()
             divisor = max(self.num_participants(), 1)
-            work = self._pg.allreduce([tensor], ReduceOp(ReduceOp.SUM if average else reduce_op))
+            op = ReduceOp(ReduceOp.SUM) if average else reduce_op
+            if not isinstance(
+                op, ReduceOp
+            ):  # a RedOpType (ReduceOp.MAX); c10d also passes ReduceOp
+                op = ReduceOp(op)
+            work = self._pg.allreduce([tensor], op)
             source = work.get_future()
         except Exception as e:
             self.report_error(e)
@@ -480,8 +492,9 @@ class Manager:
         with self._inflight_lock:
             self._inflight.add(proxy)
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
-        if self._errored is not None:  # a failure notice raced with our submit
-            proxy.abort(self._errored)
+        errored = self._errored
+        if errored is not None:  # a failure notice raced with our submit
+            proxy.abort(errored.original_exception)
         return ManagedWork(proxy)
 
     def _forget(self, proxy: ProxyFuture[Any]) -> None:
@@ -538,10 +551,13 @@ class Manager:
     def report_error(self, e: Exception) -> None:
         """Mark this step failed: later allreduces are skipped and the vote is no."""
         if self._errored is None:
-            self._errored = e
+            self._errored = (
+                e if isinstance(e, ExceptionWithTraceback) else ExceptionWithTraceback(e)
+            )
             logger.warning("%s step failed: %s: %s", self._tag(), type(e).__name__, e)
 
-    def errored(self) -> Exception | None:
+    def errored(self) -> ExceptionWithTraceback | None:
+        """This step's first failure (the error is its `original_exception`), or None."""
         return self._errored
 
     def wrap_future(
@@ -632,14 +648,30 @@ class Manager:
         return self._epoch, self._quorum_id
 
     def register_state_dict_fn(
-        self, key: str, load: Callable[[Any], None], save: Callable[[], Any]
+        self, key: str, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]
     ) -> None:
-        """Register user state (model, optimizer, …) that healing transfers."""
-        self._states.register(key, load, save)
+        """Register user state (model, optimizer, …) that healing transfers under `key`."""
+        self._states.register(key, load_state_dict, state_dict)
 
-    def set_state_dict_fns(self, load: Callable[[Any], None], save: Callable[[], Any]) -> None:
+    def set_state_dict_fns(
+        self, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]
+    ) -> None:
         """Deprecated torchft spelling of ``register_state_dict_fn("default", ...)``."""
-        self._states.register("default", load, save)
+        self._states.register("default", load_state_dict, state_dict)
+
+    def disallow_state_dict_read(self) -> None:
+        """Keep heal sends off the registered state until `allow_state_dict_read`.
+
+        Call it before mutating that state outside the optimizer step (LocalSGD
+        and DiLoCo do, around their parameter updates). Waits for a send that is
+        reading it now; a send that starts meanwhile waits up to `timeout`, then
+        fails its heal. Idempotent.
+        """
+        self._state_reads.disallow()
+
+    def allow_state_dict_read(self) -> None:
+        """Let heal sends read the registered state again. Idempotent."""
+        self._state_reads.allow()
 
     def _counters(self) -> dict[str, int]:
         return {"step": self._step, "batches_committed": self._batches_committed}

@@ -1,8 +1,9 @@
 """How the ranks of one replica group find their manager server.
 
 Group rank 0 starts the `ManagerServer` (under a fresh replica id: a restarted
-group is a new member) and publishes its address in the group's TCPStore;
-every rank reads it there. Rank 0 then talks to its own server in-process
+group is a new member) and publishes its address and that id in the group's
+TCPStore under torchft's keys (`MANAGER_ADDR_KEY`, `REPLICA_ID_KEY`); every
+rank reads them there. Rank 0 then talks to its own server in-process
 (`LocalManagerClient`), the others over gRPC.
 """
 
@@ -12,15 +13,18 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from torch.distributed import PrefixStore, TCPStore
+from torch.distributed import TCPStore
 
 from lighthouse import ManagerClient, ManagerServer
 from lighthouse.local import LocalManagerClient
 from torchft_pg.config import ManagerConfig
 
-__all__ = ["MANAGER_KEY_PREFIX", "connect_replica_group"]
+__all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "connect_replica_group"]
 
-MANAGER_KEY_PREFIX = "torchft_pg/manager"
+#: Group-store key where rank 0 publishes its manager server's address.
+MANAGER_ADDR_KEY = "manager_addr"
+#: Group-store key where rank 0 publishes the group's replica id (with its incarnation suffix).
+REPLICA_ID_KEY = "replica_id"
 
 
 def connect_replica_group(
@@ -35,15 +39,12 @@ def connect_replica_group(
     `connect_timeout` bounds reaching the group store, the lighthouse and the
     server; `heartbeat_interval` is the server's liveness ping period.
     """
-    store = PrefixStore(
-        MANAGER_KEY_PREFIX,
-        TCPStore(
-            config.store_addr,
-            config.store_port,
-            is_master=False,
-            timeout=connect_timeout,
-            wait_for_workers=False,
-        ),
+    store = TCPStore(
+        config.store_addr,
+        config.store_port,
+        is_master=False,
+        timeout=connect_timeout,
+        wait_for_workers=False,
     )
     server: ManagerServer | None = None
     if config.rank == 0:
@@ -60,10 +61,10 @@ def connect_replica_group(
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
         )
-        store.set("manager_addr", server.address())
-        store.set("replica_id", full_id)
-    addr = store.get("manager_addr").decode()
-    full_id = store.get("replica_id").decode()
+        store.set(MANAGER_ADDR_KEY, server.address())
+        store.set(REPLICA_ID_KEY, full_id)
+    addr = store.get(MANAGER_ADDR_KEY).decode()
+    full_id = store.get(REPLICA_ID_KEY).decode()
     if server is not None:  # rank 0 calls its own server without gRPC
         return LocalManagerClient(server, addr, connect_timeout), full_id, server
     return ManagerClient(addr, connect_timeout), full_id, None

@@ -1,4 +1,4 @@
-"""`OptimizerWrapper(manager, optimizer)`: an optimizer that steps only on commit.
+"""`OptimizerWrapper(manager, optim)`: an optimizer that steps only on commit.
 
 `zero_grad()` starts the step's quorum (overlapping it with forward), and
 `step()` applies the update only if `manager.should_commit()` says every
@@ -18,12 +18,18 @@ __all__ = ["OptimizerWrapper"]
 
 
 class OptimizerWrapper(torch.optim.Optimizer):
-    """Wraps `optimizer`; use it exactly like the optimizer it wraps."""
+    """Wraps `optim`; use it exactly like the optimizer it wraps."""
 
-    def __init__(self, manager: Manager, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, manager: Manager, optim: torch.optim.Optimizer) -> None:
+        if not callable(getattr(optim, "step", None)) or not callable(
+            getattr(optim, "zero_grad", None)
+        ):
+            raise TypeError(
+                f"optim must be an optimizer (with step() and zero_grad()), got {type(optim).__name__}"
+            )
         # Deliberately no super().__init__: every Optimizer attribute is the inner one's.
         self.manager = manager
-        self.optim = optimizer
+        self.optim = optim
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.manager.start_quorum()

@@ -14,7 +14,9 @@ def test_same_seed_same_plan_and_spacing() -> None:
     b = FaultPlan.random(seed=3, replicas=4, steps=120, kills=10, other_faults=3, gap=8)
     assert a.faults == b.faults
     assert a.count(Fault.KILL_REPLICA) == 10 and len(a.faults) == 13
-    assert all(r != 0 for (r, _), f in a.faults.items() if f == Fault.KILL_REPLICA)  # replica 0 survives
+    assert all(
+        r != 0 for (r, _), f in a.faults.items() if f == Fault.KILL_REPLICA
+    )  # replica 0 survives
     steps = sorted(s for _, s in a.faults)
     assert all(y - x >= 8 for x, y in itertools.pairwise(steps))
     for replica in range(4):

@@ -79,7 +79,9 @@ def test_sharded_state_round_trips_local_shards(fake_world: None) -> None:
 
     sharded_state_dict_fns(dst_model, dst_opt).load(payload)
 
-    for (name, a), b in zip(src_model.state_dict().items(), dst_model.state_dict().values(), strict=True):
+    for (name, a), b in zip(
+        src_model.state_dict().items(), dst_model.state_dict().values(), strict=True
+    ):
         local = a.to_local() if isinstance(a, DTensor) else a
         other = b.to_local() if isinstance(b, DTensor) else b
         assert torch.equal(local, other), name
@@ -105,7 +107,9 @@ def test_sharded_state_refuses_a_different_sharding(fake_world: None) -> None:
     model, optimizer = sharded(seed=0)
     payload = sharded_state_dict_fns(model, optimizer).save()
     payload["model"]["0.weight"] = torch.zeros(3, 4)  # a whole tensor, not this rank's shard
-    with pytest.raises(ValueError, match=r"'0.weight': local shard shape \(2, 4\) expected, got \(3, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"'0.weight': local shard shape \(2, 4\) expected, got \(3, 4\)"
+    ):
         sharded_state_dict_fns(model, optimizer).load(payload)
     del payload["model"]["0.weight"]
     with pytest.raises(KeyError, match=r"missing \['0.weight'\]"):
@@ -151,5 +155,7 @@ def test_ft_mesh_slices_into_an_hsdp_mesh_whose_replicate_group_is_the_manager(
     fully_shard(model, mesh=dp)
     model(torch.randn(5, 4)).sum().backward()
     # FSDP2 ran native HSDP: one all-reduce of the reduce-scattered gradients via the Manager.
-    assert manager.allreduced == [torch.Size([10])]  # this rank: 2 of 4 padded weight rows (8) + 2 bias
+    assert manager.allreduced == [
+        torch.Size([10])
+    ]  # this rank: 2 of 4 padded weight rows (8) + 2 bias
     replicate.unregister()

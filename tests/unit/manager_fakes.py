@@ -1,0 +1,207 @@
+"""Fakes for the Manager's unit tests: a quorum client, a transport and a group.
+
+No sockets: every result, vote and payload is what the test put there.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future as ThreadFuture
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import Work
+from torch.futures import Future
+
+from lighthouse import QuorumResult
+from torchft_pg.manager import Manager
+from torchft_pg.process_group import ProcessGroupDummy
+from torchft_pg.work import completed_work
+
+STORE = "127.0.0.1:29500"
+
+
+def result(
+    quorum_id: int = 1,
+    replica_rank: int = 0,
+    world: int = 2,
+    max_step: int = 0,
+    max_rank: int | None = 0,
+    max_world: int | None = None,
+    heal: bool = False,
+    src: int | None = None,
+    dst: list[int] | None = None,
+    epoch: str = "ep",
+    src_metadata: str = "",
+) -> QuorumResult:
+    return QuorumResult(
+        quorum_id=quorum_id,
+        epoch=epoch,
+        replica_rank=replica_rank,
+        replica_world_size=world,
+        recover_src_manager_address="127.0.0.1:1" if heal else "",
+        recover_src_replica_rank=src,
+        recover_dst_replica_ranks=dst or [],
+        store_address=STORE,
+        max_step=max_step,
+        max_replica_rank=max_rank,
+        max_world_size=world if max_world is None else max_world,
+        heal=heal,
+        replica_ids=[f"r{i}" for i in range(world)],
+        recover_src_checkpoint_metadata=src_metadata,
+    )
+
+
+class FakeClient:
+    def __init__(self, results: list[QuorumResult], decisions: list[bool] | None = None) -> None:
+        self.results = list(results)
+        self.decisions = decisions
+        self.quorum_calls: list[dict[str, Any]] = []
+        self.votes: list[tuple[int, bool]] = []
+        self.failure_callback: Any = None
+        self.quorum_error: Exception | None = None
+        self.gate: threading.Event | None = None  # when set, quorum() waits for it
+
+    def quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: timedelta,
+        init_sync: bool = True,
+        commit_failures: int = 0,
+        step_time_ms: float = 0.0,
+    ) -> QuorumResult:
+        self.quorum_calls.append(
+            {"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata}
+        )
+        if self.gate is not None:
+            assert self.gate.wait(5.0)
+        if self.quorum_error is not None:
+            raise self.quorum_error
+        return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
+        return "fake://meta"
+
+    def should_commit(
+        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
+    ) -> bool:
+        self.votes.append((step, should_commit))
+        return should_commit if self.decisions is None else self.decisions.pop(0)
+
+    def subscribe_failures(self, callback: Any, group_rank: int = 0, on_error: Any = None) -> Any:
+        self.failure_callback = callback
+        return None
+
+
+class AsyncFakeClient(FakeClient):
+    """Offers `quorum_async`, answered from a thread of its own, like the
+    in-process manager server's loop."""
+
+    def quorum_async(self, *args: Any) -> ThreadFuture[QuorumResult]:
+        out: ThreadFuture[QuorumResult] = ThreadFuture()
+
+        def answer() -> None:
+            try:
+                out.set_result(self.quorum(*args))
+            except Exception as e:
+                out.set_exception(e)
+
+        threading.Thread(target=answer, name="fake-server-loop").start()
+        return out
+
+
+class FakeTransport:
+    def __init__(self, payload: dict[str, Any] | None = None) -> None:
+        self.payload = payload
+        self.sent: list[tuple[list[int], int, dict[str, Any]]] = []
+        self.received: list[tuple[int, str, int]] = []
+        self.disallowed = 0
+
+    def metadata(self) -> str:
+        return "fake://me"
+
+    def send_checkpoint(
+        self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta
+    ) -> None:
+        self.sent.append((dst_ranks, step, state_dict))
+
+    def disallow_checkpoint(self) -> None:
+        self.disallowed += 1
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+        self.received.append((src_rank, metadata, step))
+        assert self.payload is not None
+        return self.payload
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+class HeldWork(Work):
+    """A work whose future the test completes (or fails) by hand."""
+
+    def __init__(self, fut: Future[Any]) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+class SumGroup(ProcessGroupDummy):
+    """Allreduce multiplies by the world size (every replica sent the same tensor);
+    with `hold` set, allreduce futures stay pending until released."""
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)
+        self.configured: list[tuple[str, int, int]] = []
+        self.configure_threads: list[str] = []
+        self.hold = False
+        self.pending: list[Future[Any]] = []
+        self.aborted = 0
+
+    def configure(
+        self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
+    ) -> None:
+        self.configured.append((store_addr, rank, world_size))
+        self.configure_threads.append(threading.current_thread().name)
+        self._world = world_size
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        if self.hold:
+            fut: Future[Any] = Future()
+            self.pending.append(fut)
+            return HeldWork(fut)
+        for t in tensors:
+            t.mul_(self._world)
+        return completed_work(tensors)
+
+    def abort(self) -> None:
+        self.aborted += 1
+
+
+def make(
+    results: list[QuorumResult], **kwargs: Any
+) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
+    client_type = kwargs.pop("client_type", FakeClient)
+    client = client_type(results, kwargs.pop("decisions", None))
+    transport = kwargs.pop("transport", FakeTransport())
+    pg = SumGroup()
+    manager = Manager(
+        pg,
+        client=client,
+        connect_manager=kwargs.pop("connect_manager", lambda addr: client),
+        checkpoint_transport=transport,
+        min_replica_size=kwargs.pop("min_replica_size", 1),
+        timeout=kwargs.pop("timeout", timedelta(seconds=5)),
+        **kwargs,
+    )
+    return manager, client, transport, pg
