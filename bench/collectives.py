@@ -169,9 +169,13 @@ def main() -> None:
         }
 
     cost = run_ranks(_op_cost, 1, timeout=300)[0]
-    print("\nper-op cost in one process (world size 1, 4 KiB: each path's own overhead, no network)")
-    print(f"  raw torch.distributed {cost['raw']:7.1f} us   torchft_pg Gloo {cost['gloo']:7.1f} us "
-          f"({cost['gloo'] - cost['raw']:+.1f})   BabyGloo {cost['baby']:7.1f} us ({cost['baby'] - cost['raw']:+.1f})")
+    print(
+        "\nper-op cost in one process (world size 1, 4 KiB: each path's own overhead, no network)"
+    )
+    print(
+        f"  raw torch.distributed {cost['raw']:7.1f} us   torchft_pg Gloo {cost['gloo']:7.1f} us "
+        f"({cost['gloo'] - cost['raw']:+.1f})   BabyGloo {cost['baby']:7.1f} us ({cost['baby'] - cost['raw']:+.1f})"
+    )
     report["op_cost_us"] = cost
 
     print(f"\nconfigure latency ({reconfigs} reconfigurations each, max over ranks per configure)")

@@ -33,7 +33,11 @@ sys.path.insert(0, str(ROOT))
 from lighthouse import LighthouseServer  # noqa: E402
 
 TARGETS_MS = {
-    "real_n8": 1.5, "real_n16": 3.0, "sim_n8": 1.5, "sim_n16": 3.0, "sim_n512": 100.0,
+    "real_n8": 1.5,
+    "real_n16": 3.0,
+    "sim_n8": 1.5,
+    "sim_n16": 3.0,
+    "sim_n512": 100.0,
     "kill_to_quorum": 500.0,
 }
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -42,7 +46,11 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "lighthouse.testing", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=ENV,
+        cwd=ROOT,
     )
 
 
@@ -66,8 +74,20 @@ def real_clients(n: int, rounds: int, stream: bool) -> tuple[float, float]:
     and the clients' summed CPU ms per round in the timed loop."""
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=60_000)
     procs = [
-        _spawn(["client", "--lighthouse", lh.address(), "--replica-id", f"r{i:03d}",
-                "--warmup", "20", "--rounds", str(rounds), *(["--stream"] if stream else [])])
+        _spawn(
+            [
+                "client",
+                "--lighthouse",
+                lh.address(),
+                "--replica-id",
+                f"r{i:03d}",
+                "--warmup",
+                "20",
+                "--rounds",
+                str(rounds),
+                *(["--stream"] if stream else []),
+            ]
+        )
         for i in range(n)
     ]
     try:
@@ -83,8 +103,20 @@ def real_clients(n: int, rounds: int, stream: bool) -> tuple[float, float]:
 def simulated(n: int, rounds: int, stream: bool) -> float:
     """Median per-round latency in ms for ``n`` replicas simulated in one client process."""
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=60_000)
-    procs = [_spawn(["sim", "--lighthouse", lh.address(), "-n", str(n), "--rounds", str(rounds),
-                     *(["--stream"] if stream else [])])]
+    procs = [
+        _spawn(
+            [
+                "sim",
+                "--lighthouse",
+                lh.address(),
+                "-n",
+                str(n),
+                "--rounds",
+                str(rounds),
+                *(["--stream"] if stream else []),
+            ]
+        )
+    ]
     try:
         out = procs[0].communicate(timeout=90)[0]
         return float(json.loads(out.strip().splitlines()[-1])["median_round_s"]) * 1000
@@ -96,8 +128,22 @@ def simulated(n: int, rounds: int, stream: bool) -> float:
 def kill_to_quorum() -> dict[str, float]:
     """SIGKILL one of 3 replica processes; ms until survivors' next quorum (defaults)."""
     lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)
-    procs = [_spawn(["replica", "--lighthouse", lh.address(), "--replica-id", f"g{i}",
-                     "--rounds", "100000", "--step-ms", "20"]) for i in range(3)]
+    procs = [
+        _spawn(
+            [
+                "replica",
+                "--lighthouse",
+                lh.address(),
+                "--replica-id",
+                f"g{i}",
+                "--rounds",
+                "100000",
+                "--step-ms",
+                "20",
+            ]
+        )
+        for i in range(3)
+    ]
     try:
         for p in procs:  # wait for three-member quorums, bounded
             assert p.stdout is not None
@@ -146,12 +192,19 @@ def main() -> int:
     print("CPU ms per round: lighthouse process (incl. warm-up) / all clients (timed loop):")
     for key, value in cpu.items():
         print(f"  {key:<32}{value:>10.2f}")
-    print(json.dumps({
-        "bench": "quorum", "ms": {k: round(v, 3) for k, v in results.items()},
-        "cpu_ms_per_round": {k: round(v, 3) for k, v in cpu.items()},
-        "targets_ms": TARGETS_MS, "meets_target": ok,
-        "wall_s": round(time.monotonic() - t0, 1), "cpus": os.cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "quorum",
+                "ms": {k: round(v, 3) for k, v in results.items()},
+                "cpu_ms_per_round": {k: round(v, 3) for k, v in cpu.items()},
+                "targets_ms": TARGETS_MS,
+                "meets_target": ok,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
     return 0
 
 

@@ -259,9 +259,7 @@ def main() -> None:
     print(
         f"\nlibrary share of a restart (median)         {library_s * 1e3:7.1f} ms   (torchft: 100-140 ms)"
     )
-    print(
-        f"  counting the wait for the survivors' step end too {with_wait_s * 1e3:5.1f} ms"
-    )
+    print(f"  counting the wait for the survivors' step end too {with_wait_s * 1e3:5.1f} ms")
 
     result = {
         "bench": "recovery",

@@ -37,26 +37,39 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     steps = int(os.environ.get("STEPS", "200"))
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if cuda else torch.device("cpu")
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        if cuda
+        else torch.device("cpu")
+    )
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")  # this replica group only (torchrun's env)
     group_size = dist.get_world_size()
 
-    pg = ProcessGroupNCCL(timeout=timedelta(seconds=10)) if cuda else ProcessGroupGloo(timeout=timedelta(seconds=5))
+    pg = (
+        ProcessGroupNCCL(timeout=timedelta(seconds=10))
+        if cuda
+        else ProcessGroupGloo(timeout=timedelta(seconds=5))
+    )
     manager = Manager(pg=pg, min_replica_size=1)
     # Dimension 0 spans the live replica groups (through the Manager); dimension 1 shards.
-    mesh = ft_init_device_mesh(device.type, (1, group_size), ("dp_replicate", "dp_shard"),
-                               replicate_dim=0, manager=manager)
+    mesh = ft_init_device_mesh(
+        device.type, (1, group_size), ("dp_replicate", "dp_shard"), replicate_dim=0, manager=manager
+    )
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)).to(device)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    ).to(device)
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     replica, rank = os.environ.get("REPLICA_GROUP_ID", "?"), os.environ.get("RANK", "0")
-    data = torch.Generator(device).manual_seed(zlib.crc32(f"{replica}/{rank}".encode()))  # each rank its own batches
+    data = torch.Generator(device).manual_seed(
+        zlib.crc32(f"{replica}/{rank}".encode())
+    )  # each rank its own batches
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     # Healing sends each rank's local shards (plain tensors) and rebuilds DTensors on arrival.
     manager.register_state_dict_fn("train", *sharded_state_dict_fns(model, inner))
@@ -70,14 +83,20 @@ def main() -> None:
         loss.backward()  # reduce-scattered in the group, averaged over the live groups
         optimizer.step()  # applied only if every participating rank committed
         epoch, quorum = manager.quorum_id()
-        print(f"replica {replica} rank {rank} "
-              f"step {manager.current_step()} quorum {epoch}/{quorum} "
-              f"participants {manager.num_participants()} loss {loss.item():.4f}", flush=True)
+        print(
+            f"replica {replica} rank {rank} "
+            f"step {manager.current_step()} quorum {epoch}/{quorum} "
+            f"participants {manager.num_participants()} loss {loss.item():.4f}",
+            flush=True,
+        )
     # The same group rank of every replica group holds the same shard: compare these across groups.
     crc = 0
     for p in model.parameters():
         crc = zlib.crc32(p.to_local().detach().cpu().contiguous().numpy().tobytes(), crc)
-    print(f"replica {replica} rank {rank} done at step {manager.current_step()} shard crc32 {crc:08x}", flush=True)
+    print(
+        f"replica {replica} rank {rank} done at step {manager.current_step()} shard crc32 {crc:08x}",
+        flush=True,
+    )
     manager.shutdown()
     dist.destroy_process_group()
 

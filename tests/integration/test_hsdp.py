@@ -39,7 +39,10 @@ TIMEOUT = timedelta(seconds=20)
 def make_model(seed: int) -> torch.nn.Sequential:
     torch.manual_seed(seed)
     return torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 6), torch.nn.ReLU(),
+        torch.nn.Linear(8, 16),
+        torch.nn.ReLU(),
+        torch.nn.Linear(16, 6),
+        torch.nn.ReLU(),
         torch.nn.Linear(6, 4),
     )
 
@@ -67,14 +70,24 @@ def _train(ctx: RankContext) -> dict[str, Any]:
         "gloo", store=PrefixStore("default", store), rank=group_rank, world_size=GROUP_SIZE
     )
     manager = Manager(
-        ProcessGroupGloo(timeout=TIMEOUT), min_replica_size=REPLICAS, rank=group_rank,
-        world_size=GROUP_SIZE, store_addr="127.0.0.1", store_port=store.port,
-        lighthouse_addr=lighthouse_addr, replica_id=f"replica_{replica}", timeout=TIMEOUT,
-        quorum_timeout=TIMEOUT, connect_timeout=TIMEOUT,
+        ProcessGroupGloo(timeout=TIMEOUT),
+        min_replica_size=REPLICAS,
+        rank=group_rank,
+        world_size=GROUP_SIZE,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica_{replica}",
+        timeout=TIMEOUT,
+        quorum_timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
     )
     try:
         mesh = ft_init_device_mesh(
-            "cpu", (REPLICAS, GROUP_SIZE), ("dp_replicate", "dp_shard"), replicate_dim=0,
+            "cpu",
+            (REPLICAS, GROUP_SIZE),
+            ("dp_replicate", "dp_shard"),
+            replicate_dim=0,
             manager=manager,
         )
         model = make_model(seed=replica)  # replica groups start apart on purpose
@@ -94,14 +107,24 @@ def _train(ctx: RankContext) -> dict[str, Any]:
             loss.backward()
             before = manager.current_step()
             optimizer.step()
-            steps.append({
-                "participating": participating, "participants": manager.num_participants(),
-                "committed": manager.current_step() == before + 1,
-            })
+            steps.append(
+                {
+                    "participating": participating,
+                    "participants": manager.num_participants(),
+                    "committed": manager.current_step() == before + 1,
+                }
+            )
             if step == 0:
-                after_first = {"params": full_params(model), "momentum": full_momentum(model, inner)}
-        return {"steps": steps, "current_step": manager.current_step(),
-                "after_first": after_first, "params": full_params(model)}
+                after_first = {
+                    "params": full_params(model),
+                    "momentum": full_momentum(model, inner),
+                }
+        return {
+            "steps": steps,
+            "current_step": manager.current_step(),
+            "after_first": after_first,
+            "params": full_params(model),
+        }
     finally:
         manager.shutdown()
         dist.destroy_process_group()
@@ -166,4 +189,6 @@ def test_hsdp_two_replica_groups_of_two_end_identical() -> None:
         assert res["params"] == first["params"], f"rank {rank}'s parameters differ from rank 0's"
     assert first["after_first"]["params"] != full_params_of(make_model(seed=0))
     for name, expected in reference(first["after_first"]).items():
-        torch.testing.assert_close(torch.tensor(first["params"][name]), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(first["params"][name]), expected, rtol=1e-5, atol=1e-6
+        )
