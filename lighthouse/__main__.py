@@ -1,108 +1,12 @@
-"""``python -m lighthouse`` / ``torchft-pg-lighthouse``: run a lighthouse until SIGINT/SIGTERM.
-
-Prints one line ``lighthouse listening on http://HOST:PORT (epoch E) status http://...``
-once serving, then logs why each quorum is (not yet) formed.
-"""
+"""``python -m lighthouse``: run a lighthouse (see ``lighthouse.coordinator.cli``)."""
 
 from __future__ import annotations
 
-import argparse
-import logging
-import signal
 import sys
-import threading
 
-from lighthouse.quorum import (
-    DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    DEFAULT_JOIN_TIMEOUT_MS,
-    DEFAULT_MIN_REPLICAS,
-    DEFAULT_QUORUM_TICK_MS,
-)
-from lighthouse.server import LighthouseServer
+from lighthouse.coordinator.cli import build_parser, main
 
-DEFAULT_BIND = "[::]:29510"
-DEFAULT_HTTP_BIND = "[::]:29511"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="torchft-pg-lighthouse",
-        description="The torchft_pg lighthouse: decides every quorum, detects dead replica groups.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--bind", default=DEFAULT_BIND, help="gRPC listen address host:port")
-    p.add_argument(
-        "--min-replicas",
-        type=int,
-        default=DEFAULT_MIN_REPLICAS,
-        help="fewest replica groups for a quorum (the fast path ignores it)",
-    )
-    p.add_argument(
-        "--join-timeout-ms",
-        type=int,
-        default=DEFAULT_JOIN_TIMEOUT_MS,
-        help="milliseconds to wait for live replicas that have not asked yet",
-    )
-    p.add_argument(
-        "--quorum-tick-ms",
-        type=int,
-        default=DEFAULT_QUORUM_TICK_MS,
-        help="milliseconds between background re-evaluations",
-    )
-    p.add_argument(
-        "--heartbeat-timeout-ms",
-        type=int,
-        default=DEFAULT_HEARTBEAT_TIMEOUT_MS,
-        help="milliseconds of silence before a replica is declared dead "
-        "(a closed liveness stream declares it dead at once)",
-    )
-    p.add_argument(
-        "--no-quorum-lease",
-        action="store_true",
-        help="grant no quorum leases: every step is a full quorum round",
-    )
-    p.add_argument(
-        "--http-bind",
-        default=DEFAULT_HTTP_BIND,
-        help="dashboard, /status and /metrics host:port; 'none' to disable",
-    )
-    p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        server = LighthouseServer(
-            bind=args.bind,
-            min_replicas=args.min_replicas,
-            join_timeout_ms=args.join_timeout_ms,
-            quorum_tick_ms=args.quorum_tick_ms,
-            heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-            quorum_lease=not args.no_quorum_lease,
-            http_bind=None if args.http_bind.lower() == "none" else args.http_bind,
-            hostname=args.hostname,
-        )
-    except (ValueError, OSError) as exc:
-        print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    print(
-        f"lighthouse listening on {server.address()} (epoch {server.epoch})"
-        f" status {server.http_address() or 'disabled'}",
-        flush=True,
-    )
-    while not stop.wait(timeout=1.0):
-        pass
-    server.shutdown()
-    return 0
-
+__all__ = ["build_parser", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,9 +17,15 @@ import sys
 import time
 from datetime import timedelta
 
-from lighthouse.client import LighthouseClient, ManagerClient, normalize_address
+import grpc
+
+from lighthouse import services, wire
+from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
+from lighthouse.coordinator.client import LighthouseClient
 from lighthouse.errors import FaultToleranceError
-from lighthouse.manager_server import ManagerServer
+from lighthouse.replica.client import ManagerClient
+from lighthouse.replica.server import ManagerServer
+from lighthouse.types import ManagerQuorumRequest, QuorumMember
 
 
 def run_replica(args: argparse.Namespace) -> int:
@@ -42,7 +48,13 @@ def run_replica(args: argparse.Namespace) -> int:
         for _ in range(args.rounds):
             try:
                 r = client.quorum(
-                    0, step, "", False, timedelta(seconds=args.timeout_s), init_sync=False
+                    ManagerQuorumRequest(
+                        group_rank=0,
+                        step=step,
+                        checkpoint_metadata="",
+                        timeout=timedelta(seconds=args.timeout_s),
+                        init_sync=False,
+                    )
                 )
             except FaultToleranceError as exc:
                 print(
@@ -74,14 +86,8 @@ def run_replica(args: argparse.Namespace) -> int:
 
 async def _stream_client(args: argparse.Namespace) -> tuple[float, float]:
     """Like ``run_client`` over one persistent QuorumStream (as manager servers do)."""
-    import grpc
-
-    from lighthouse import wire
-    from lighthouse.client import CHANNEL_OPTIONS
-    from lighthouse.types import QuorumMember
-
     channel = grpc.aio.insecure_channel(args.lighthouse, options=CHANNEL_OPTIONS)
-    call = channel.stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/QuorumStream")()
+    call = stub(channel, services.LIGHTHOUSE_QUORUM_STREAM)()
     req = wire.encode_lighthouse_quorum_request(QuorumMember(args.replica_id))
 
     async def one() -> None:
@@ -135,19 +141,10 @@ def run_client(args: argparse.Namespace) -> int:
 async def _sim(addr: str, n: int, rounds: int, stream: bool) -> list[float]:
     """``n`` replicas in this process: one persistent QuorumStream each (as manager
     servers do) if ``stream``, else one unary call per replica per round."""
-    import grpc
-
-    from lighthouse import wire
-    from lighthouse.client import CHANNEL_OPTIONS
-    from lighthouse.types import QuorumMember
-
     channels = [grpc.aio.insecure_channel(addr, options=CHANNEL_OPTIONS) for _ in range(4)]
-    unary = [c.unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/Quorum") for c in channels]
+    unary = [stub(c, services.LIGHTHOUSE_QUORUM) for c in channels]
     streams = (
-        [
-            channels[i % 4].stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/QuorumStream")()
-            for i in range(n)
-        ]
+        [stub(channels[i % 4], services.LIGHTHOUSE_QUORUM_STREAM)() for i in range(n)]
         if stream
         else []
     )

@@ -120,6 +120,42 @@ class Quorum:
         return Timestamp.from_unix_ms(self.created_unix_ms)
 
 
+@dataclass(frozen=True, kw_only=True)
+class ManagerQuorumRequest:
+    """One group rank's request to join this step's quorum, sent to its replica
+    group's manager server (``ManagerClientProtocol.quorum``).
+
+    The Manager builds one per step; clients send it (``lighthouse.wire`` encodes
+    it, ``validate.check_manager_quorum_request`` checks it on both ends) and the
+    manager server gathers one from every rank of the group before it asks the
+    lighthouse once for the whole group.
+
+    Attributes:
+        group_rank: this rank's index in its replica group, in [0, group world size).
+        step: the rank's committed step (>= 0); all ranks of a group must agree.
+        checkpoint_metadata: what a healing peer needs to fetch this rank's state
+            (e.g. a URL prefix), at most ``validate.MAX_METADATA_BYTES`` characters.
+        timeout: how long to wait for the quorum, a positive ``timedelta``; over
+            gRPC it travels as the call's deadline, not as a message field.
+        shrink_only: ask for a quorum that only removes members.
+        init_sync: on a fresh job (every member at step 0), heal every replica
+            but the primary from it, so all start from the same state.
+        commit_failures: this rank's consecutive failed commits (>= 0); > 0 forces
+            a new quorum id.
+        step_time_ms: telemetry, the duration of this rank's last step in
+            milliseconds (finite, >= 0; 0 = unknown).
+    """
+
+    group_rank: int
+    step: int
+    checkpoint_metadata: str
+    timeout: timedelta
+    shrink_only: bool = False
+    init_sync: bool = True
+    commit_failures: int = 0
+    step_time_ms: float = 0.0
+
+
 @dataclass(frozen=True)
 class QuorumResult:
     """What one group rank of one replica group needs from a quorum (see ``ranks.py``).

@@ -1,14 +1,16 @@
-"""Input checks shared by the servers and clients. Each raises ``ValueError`` that
-names the field, what was expected and what arrived (house rule 3)."""
+"""Input checks shared by the servers and clients. Each raises ``ValueError``
+(``TypeError`` for a value of the wrong type) that names the field, what was
+expected and what arrived (house rule 3)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+from datetime import timedelta
 from typing import Any
 
-from lighthouse.types import QuorumMember
+from lighthouse.types import ManagerQuorumRequest, QuorumMember
 
 MAX_ID_CHARS = 256
 MAX_ADDRESS_CHARS = 512
@@ -38,6 +40,50 @@ def check_step(name: str, value: int) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+def timeout_seconds(name: str, value: timedelta) -> float:
+    """A positive ``timedelta`` argument, in seconds. ``TypeError`` for any other
+    type, ``ValueError`` for zero or less."""
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{name} must be a datetime.timedelta, got {type(value).__name__}")
+    s = value.total_seconds()
+    if s <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return s
+
+
+def _check_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    return check_step(name, value)
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequest:
+    """Types and ranges of one rank's quorum request, checked before it is sent and
+    after it is decoded: ``TypeError`` for a wrong type, ``ValueError`` for a value
+    out of range, each naming the field and the value. The group rank's upper
+    bound (the group's world size) and the metadata's size are the manager
+    server's to check."""
+    _check_int("group_rank", req.group_rank)
+    _check_int("step", req.step)
+    _check_int("commit_failures", req.commit_failures)
+    if not isinstance(req.checkpoint_metadata, str):
+        raise TypeError(f"checkpoint_metadata must be a str, got {req.checkpoint_metadata!r}")
+    _check_bool("shrink_only", req.shrink_only)
+    _check_bool("init_sync", req.init_sync)
+    timeout_seconds("timeout", req.timeout)
+    ms = req.step_time_ms
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)):
+        raise TypeError(f"step_time_ms must be a float number of milliseconds, got {ms!r}")
+    if not math.isfinite(ms) or ms < 0:
+        raise ValueError(f"step_time_ms must be a finite number >= 0, got {ms}")
+    return req
 
 
 # Where a member keeps the wire text its ``data`` was decoded from (beside its

@@ -11,14 +11,20 @@ text so that the lighthouse relays what it received without re-encoding it.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from google.protobuf.message import DecodeError
 
 from lighthouse import validate
 from lighthouse._gen import lighthouse_pb2 as pb
-from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember, QuorumResult
-
-LIGHTHOUSE_SERVICE = "torchft_pg.LighthouseService"
-MANAGER_SERVICE = "torchft_pg.ManagerService"
+from lighthouse.types import (
+    FailureNotice,
+    LeaseRecall,
+    ManagerQuorumRequest,
+    Quorum,
+    QuorumMember,
+    QuorumResult,
+)
 
 
 def _parse(cls: type, data: bytes) -> object:
@@ -226,39 +232,43 @@ def decode_failure_notice(data: bytes) -> FailureNotice:
 
 
 # -- manager service --------------------------------------------------------------------
-def encode_manager_quorum_request(
-    group_rank: int,
-    step: int,
-    checkpoint_metadata: str,
-    shrink_only: bool,
-    init_sync: bool,
-    commit_failures: int,
-    step_time_ms: float = 0.0,
-) -> bytes:
+def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
+    """The message for ``req`` (its ``timeout`` is the call's deadline, not a field).
+
+    Checks ``req`` first (``validate.check_manager_quorum_request``): ``TypeError``
+    or ``ValueError`` naming the field and the value, before anything is sent.
+    """
+    validate.check_manager_quorum_request(req)
     return pb.ManagerQuorumRequest(
-        group_rank=group_rank,
-        step=step,
-        checkpoint_metadata=checkpoint_metadata,
-        shrink_only=shrink_only,
-        init_sync=init_sync,
-        commit_failures=commit_failures,
-        step_time_ms=step_time_ms,
+        group_rank=req.group_rank,
+        step=req.step,
+        checkpoint_metadata=req.checkpoint_metadata,
+        shrink_only=req.shrink_only,
+        init_sync=req.init_sync,
+        commit_failures=req.commit_failures,
+        step_time_ms=req.step_time_ms,
     ).SerializeToString()
 
 
-def decode_manager_quorum_request(data: bytes) -> dict[str, object]:
-    """Fields of a ManagerQuorumRequest as a dict keyed by proto field name."""
+def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuorumRequest:
+    """The request in ``data``; ``timeout`` is what is left of the call's deadline.
+
+    ``ValueError`` naming the field and the value for malformed bytes or a value
+    out of range (a negative step, a non-finite step time, no time left).
+    """
     r = _parse(pb.ManagerQuorumRequest, data)
     assert isinstance(r, pb.ManagerQuorumRequest)
-    return {
-        "group_rank": r.group_rank,
-        "step": r.step,
-        "checkpoint_metadata": r.checkpoint_metadata,
-        "shrink_only": r.shrink_only,
-        "init_sync": r.init_sync,
-        "commit_failures": r.commit_failures,
-        "step_time_ms": r.step_time_ms,
-    }
+    req = ManagerQuorumRequest(
+        group_rank=r.group_rank,
+        step=r.step,
+        checkpoint_metadata=r.checkpoint_metadata,
+        timeout=timeout,
+        shrink_only=r.shrink_only,
+        init_sync=r.init_sync,
+        commit_failures=r.commit_failures,
+        step_time_ms=r.step_time_ms,
+    )
+    return validate.check_manager_quorum_request(req)
 
 
 def encode_quorum_result(r: QuorumResult) -> bytes:

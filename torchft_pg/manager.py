@@ -26,13 +26,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
-from lighthouse import FailureNotice, ManagerClient, ManagerServer, QuorumResult
+from lighthouse import (
+    FailureNotice,
+    ManagerClient,
+    ManagerClientProtocol,
+    ManagerQuorumRequest,
+    ManagerServer,
+    QuorumResult,
+)
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
 from torchft_pg.errors import (
@@ -76,28 +83,6 @@ class QuorumTimings:
     heal_s: float = 0.0
 
 
-class ManagerClientLike(Protocol):
-    """What the Manager needs of its replica group's manager server (fakes in unit tests)."""
-
-    def quorum(
-        self,
-        group_rank: int,
-        step: int,
-        checkpoint_metadata: str,
-        shrink_only: bool,
-        timeout: timedelta,
-        init_sync: bool = ...,
-        commit_failures: int = ...,
-        step_time_ms: float = ...,
-    ) -> QuorumResult: ...
-
-    def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str: ...
-
-    def should_commit(
-        self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
-    ) -> bool: ...
-
-
 class Manager:
     """Drives quorum, reconfiguration, healing and the commit vote for one rank.
 
@@ -110,9 +95,10 @@ class Manager:
     Without an injected client the constructor only checks its arguments and
     returns; connecting (manager server, lighthouse, group store) runs in the
     background, and the first `start_quorum` waits for it and raises its error
-    (e.g. `LighthouseUnavailableError` after `connect_timeout`). A client with
-    `quorum_async` (rank 0's in-process one) lets a steady-state quorum finish
-    without a thread hop.
+    (e.g. `LighthouseUnavailableError` after `connect_timeout`). Every client
+    (`lighthouse.ManagerClientProtocol`) answers `quorum_async`; rank 0's
+    in-process one answers on its server's loop, so a steady-state quorum
+    finishes without a thread hop.
     """
 
     def __init__(
@@ -139,8 +125,8 @@ class Manager:
         init_sync: bool = True,
         max_retries: int | None = None,
         quorum_retries: int = 0,
-        client: ManagerClientLike | None = None,
-        connect_manager: Callable[[str], ManagerClientLike] | None = None,
+        client: ManagerClientProtocol | None = None,
+        connect_manager: Callable[[str], ManagerClientProtocol] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if min_replica_size < 1:
@@ -163,6 +149,7 @@ class Manager:
             self._states.register("default", load_state_dict, state_dict)
 
         self._server: ManagerServer | None = None
+        self._client: ManagerClientProtocol | None = None  # set once connected
         self._subscription: Any = None
         self._connect_manager = connect_manager or (
             lambda addr: ManagerClient(addr, self._connect_timeout)
@@ -229,17 +216,18 @@ class Manager:
         )
         self._use_client(client)
 
-    def _use_client(self, client: ManagerClientLike) -> None:
+    def _use_client(self, client: ManagerClientProtocol) -> None:
         self._client = client
-        if hasattr(client, "subscribe_failures"):
-            self._subscription = client.subscribe_failures(
-                self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
-            )
+        self._subscription = client.subscribe_failures(
+            self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
+        )
 
-    def _wait_connected(self) -> None:
-        """Raise the start-up connection's error, or return once it is done."""
+    def _wait_connected(self) -> ManagerClientProtocol:
+        """Raise the start-up connection's error, or return the client once it is done."""
         if self._connected is not None:
             self._connected.result()
+        assert self._client is not None  # set by _use_client before _connected completes
+        return self._client
 
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(
@@ -260,18 +248,13 @@ class Manager:
         with self._pg_lock:
             self._early_notices = []  # left over only from a round that failed
         timeout = timeout or self._quorum_timeout
-        self._wait_connected()
+        client = self._wait_connected()
         self._quorum_requested = time.perf_counter()
         done: ThreadFuture[None] = ThreadFuture()
         self._quorum_future = done
-        args = self._quorum_args(shrink_only, timeout)
-        quorum_async = getattr(self._client, "quorum_async", None)
+        request = self._quorum_request(shrink_only, timeout)
         try:
-            pending = (
-                quorum_async(*args)
-                if quorum_async is not None
-                else self._executor.submit(self._client.quorum, *args)
-            )
+            pending = client.quorum_async(request)
         except Exception as e:
             done.set_exception(e)
         else:
@@ -287,16 +270,17 @@ class Manager:
         assert self._quorum_future is not None, "call start_quorum() first"
         self._quorum_future.result()
 
-    def _quorum_args(self, shrink_only: bool, timeout: timedelta) -> tuple[Any, ...]:
-        return (
-            self._group_rank,
-            self._step,
-            self._transport.metadata(),
-            shrink_only,
-            timeout,
-            self._init_sync,
-            self._commit_failures,
-            self._step_time_ms,
+    def _quorum_request(self, shrink_only: bool, timeout: timedelta) -> ManagerQuorumRequest:
+        """This rank's request for this step's quorum, waiting up to `timeout`."""
+        return ManagerQuorumRequest(
+            group_rank=self._group_rank,
+            step=self._step,
+            checkpoint_metadata=self._transport.metadata(),
+            timeout=timeout,
+            shrink_only=shrink_only,
+            init_sync=self._init_sync,
+            commit_failures=self._commit_failures,
+            step_time_ms=self._step_time_ms,
         )
 
     def _on_quorum_result(
@@ -306,11 +290,11 @@ class Manager:
         allow_heal: bool,
         timeout: timedelta,
     ) -> None:
-        """Runs where the result arrives: the manager server's loop for a client
-        with `quorum_async` (rank 0's), else the quorum thread that called
-        `quorum`. In the steady state (same quorum, nothing to heal) the step's
-        quorum is finished right there; a reconfiguration or heal, which block,
-        go to the quorum thread."""
+        """Runs where the result arrives: the manager server's loop for rank 0's
+        in-process client, else the remote client's worker thread. In the
+        steady state (same quorum, nothing to heal) the step's quorum is
+        finished right there; a reconfiguration or heal, which block, go to the
+        quorum thread."""
         try:
             result = pending.result()
         except BaseException as e:
@@ -435,9 +419,7 @@ class Manager:
         try:
             return source.checkpoint_metadata(self._group_rank, self._timeout)
         finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()
+            source.close()
 
     def _apply_pending_state(self) -> None:
         state, self._pending_user_state = self._pending_user_state, None
@@ -517,8 +499,8 @@ class Manager:
         self._apply_pending_state()
         participants = self._participating_world_size if self._errored is None else 0
         vote = self._errored is None and participants >= self._min_replica_size
-        self._wait_connected()
-        decision = self._client.should_commit(
+        client = self._wait_connected()
+        decision = client.should_commit(
             self._group_rank, self._step, vote, timeout or self._timeout
         )
         self._transport.disallow_checkpoint()
@@ -703,6 +685,5 @@ class Manager:
         self._pg.shutdown()
         if self._server is not None:
             self._server.shutdown()
-        close = getattr(getattr(self, "_client", None), "close", None)
-        if close is not None:
-            close()
+        if self._client is not None:  # None if connecting failed
+            self._client.close()

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from typing import Any
 
 from torch.distributed import TCPStore
 
-from lighthouse import ManagerClient, ManagerServer
-from lighthouse.local import LocalManagerClient
+from lighthouse import LocalManagerClient, ManagerClient, ManagerClientProtocol, ManagerServer
 from torchft_pg.config import ManagerConfig
 
 __all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "connect_replica_group"]
@@ -33,7 +31,7 @@ def connect_replica_group(
     heartbeat_interval: timedelta,
     connect_timeout: timedelta,
     quorum_retries: int,
-) -> tuple[Any, str, ManagerServer | None]:
+) -> tuple[ManagerClientProtocol, str, ManagerServer | None]:
     """Return (this rank's manager client, the group's replica id, the server if rank 0).
 
     `connect_timeout` bounds reaching the group store, the lighthouse and the

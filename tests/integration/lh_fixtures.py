@@ -12,10 +12,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lighthouse import LighthouseServer
+from lighthouse import LighthouseServer, ManagerQuorumRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,24 @@ def lighthouse(**kw: Any) -> Iterator[LighthouseServer]:
         yield server
     finally:
         server.shutdown()
+
+
+def quorum_request(
+    group_rank: int,
+    step: int,
+    checkpoint_metadata: str = "",
+    timeout: timedelta = timedelta(seconds=10),
+    **kw: Any,
+) -> ManagerQuorumRequest:
+    """Group rank ``group_rank``'s request at ``step``, waiting up to ``timeout``
+    (10 s by default); ``kw`` sets the other fields."""
+    return ManagerQuorumRequest(
+        group_rank=group_rank,
+        step=step,
+        checkpoint_metadata=checkpoint_metadata,
+        timeout=timeout,
+        **kw,
+    )
 
 
 class Proc:

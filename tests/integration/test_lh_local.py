@@ -12,13 +12,13 @@ import pytest
 
 from lighthouse import (
     FailureNotice,
+    LocalManagerClient,
     ManagerClient,
     ManagerServer,
     QuorumRejectedError,
     QuorumTimeoutError,
 )
-from lighthouse.local import LocalManagerClient
-from tests.integration.lh_fixtures import lighthouse
+from tests.integration.lh_fixtures import lighthouse, quorum_request
 from tests.integration.test_lh_manager import in_threads, managers
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,12 +29,12 @@ def test_local_and_remote_ranks_share_one_round_and_one_vote() -> None:
     with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=2) as ms:
         local = LocalManagerClient(ms[0], ms[0].address())
         remote = [ManagerClient(ms[0].address()), ManagerClient(ms[1].address())]
-        pending = local.quorum_async(0, 0, "meta00", False, T)
+        pending = local.quorum_async(quorum_request(0, 0, "meta00"))
         r01, r10, r11 = in_threads(
             [
-                lambda: remote[0].quorum(1, 0, "meta01", False, T),
-                lambda: remote[1].quorum(0, 5, "meta10", False, T),
-                lambda: remote[1].quorum(1, 5, "meta11", False, T),
+                lambda: remote[0].quorum(quorum_request(1, 0, "meta01")),
+                lambda: remote[1].quorum(quorum_request(0, 5, "meta10")),
+                lambda: remote[1].quorum(quorum_request(1, 5, "meta11")),
             ]
         )
         r00 = pending.result(timeout=10)
@@ -60,15 +60,18 @@ def test_local_errors_are_the_rpc_errors() -> None:
         local = LocalManagerClient(ms, ms.address())
         remote = ManagerClient(ms.address())
         out = in_threads(
-            [lambda: local.quorum(0, 1, "", False, T), lambda: remote.quorum(1, 2, "", False, T)]
+            [
+                lambda: local.quorum(quorum_request(0, 1)),
+                lambda: remote.quorum(quorum_request(1, 2)),
+            ]
         )
         for exc in out:
             assert isinstance(exc, QuorumRejectedError), exc
             assert "reported different steps" in str(exc) and "{0: 1, 1: 2}" in str(exc)
         with pytest.raises(QuorumRejectedError, match=r"group_rank must be in \[0, 2\), got 5"):
-            local.quorum(5, 0, "", False, T)
+            local.quorum(quorum_request(5, 0))
         with pytest.raises(ValueError, match="step must be >= 0, got -1"):
-            local.quorum(0, -1, "", False, T)
+            local.quorum(quorum_request(0, -1))
 
 
 def test_a_local_rank_whose_peers_never_come_times_out_and_the_next_round_works() -> None:
@@ -76,14 +79,17 @@ def test_a_local_rank_whose_peers_never_come_times_out_and_the_next_round_works(
         local = LocalManagerClient(ms, ms.address())
         start = time.monotonic()
         with pytest.raises(QuorumTimeoutError, match=r"no answer within 0\.300 s"):
-            local.quorum(0, 0, "", False, timedelta(milliseconds=300))
+            local.quorum(quorum_request(0, 0, timeout=timedelta(milliseconds=300)))
         assert time.monotonic() - start < 5
         with pytest.raises(QuorumTimeoutError, match="commit vote of group rank 0"):
             local.should_commit(0, 0, True, timedelta(milliseconds=300))
         # the expired request and vote left the round: a full round goes through
         remote = ManagerClient(ms.address())
         out = in_threads(
-            [lambda: local.quorum(0, 0, "", False, T), lambda: remote.quorum(1, 0, "", False, T)]
+            [
+                lambda: local.quorum(quorum_request(0, 0)),
+                lambda: remote.quorum(quorum_request(1, 0)),
+            ]
         )
         assert [r.replica_world_size for r in out] == [1, 1], out
         votes = in_threads(
@@ -117,18 +123,7 @@ def test_local_failure_subscription_hears_a_peer_die() -> None:
             sub.cancel()
 
 
-def _request() -> dict[str, object]:
-    return {
-        "group_rank": 0,
-        "step": 0,
-        "checkpoint_metadata": "",
-        "shrink_only": False,
-        "init_sync": False,
-        "commit_failures": 0,
-        "step_time_ms": 0.0,
-    }
-
-
 def _quorum_now(ms: ManagerServer) -> object:
     """Group rank 0 of ``ms``'s one-rank group asks in-process; waits up to 10 s."""
-    return ms.quorum_local(_request(), 10.0).result(10)
+    local = LocalManagerClient(ms, ms.address())
+    return local.quorum_async(quorum_request(0, 0, init_sync=False)).result(10)

@@ -20,7 +20,7 @@ from lighthouse import (
     ManagerServer,
     QuorumRejectedError,
 )
-from tests.integration.lh_fixtures import lighthouse
+from tests.integration.lh_fixtures import lighthouse, quorum_request
 
 pytestmark = pytest.mark.timeout(60)
 T = timedelta(seconds=10)
@@ -67,7 +67,7 @@ def in_threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
 def test_local_ranks_gathered_into_one_lighthouse_call_each_gets_its_result() -> None:
     with lighthouse(min_replicas=2) as lh, managers(lh, 2, world_size=2) as ms:
         calls = [
-            partial(ManagerClient(ms[i].address()).quorum, g, 5 * i, f"meta{i}{g}", False, T)
+            partial(ManagerClient(ms[i].address()).quorum, quorum_request(g, 5 * i, f"meta{i}{g}"))
             for i in range(2)
             for g in range(2)
         ]
@@ -94,7 +94,7 @@ def test_local_ranks_that_disagree_on_the_step_are_all_rejected() -> None:
     with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
         c = ManagerClient(ms.address())
         out = in_threads(
-            [lambda: c.quorum(0, 1, "", False, T), lambda: c.quorum(1, 2, "", False, T)]
+            [lambda: c.quorum(quorum_request(0, 1)), lambda: c.quorum(quorum_request(1, 2))]
         )
         for exc in out:
             assert isinstance(exc, QuorumRejectedError)
@@ -107,7 +107,7 @@ def test_out_of_range_group_rank_is_refused() -> None:
         managers(lh, 1, world_size=2) as (ms,),
         pytest.raises(QuorumRejectedError, match=r"group_rank must be in \[0, 2\), got 5"),
     ):
-        ManagerClient(ms.address()).quorum(5, 0, "", False, T)
+        ManagerClient(ms.address()).quorum(quorum_request(5, 0))
 
 
 def test_a_failed_lighthouse_call_reaches_every_waiting_rank_at_once() -> None:
@@ -119,7 +119,10 @@ def test_a_failed_lighthouse_call_reaches_every_waiting_rank_at_once() -> None:
         c = ManagerClient(ms.address())
         start = time.monotonic()
         out = in_threads(
-            [partial(c.quorum, g, 0, "", False, timedelta(seconds=30)) for g in range(2)]
+            [
+                partial(c.quorum, quorum_request(g, 0, timeout=timedelta(seconds=30)))
+                for g in range(2)
+            ]
         )
         assert time.monotonic() - start < 15  # far before the 30 s deadline
         for exc in out:
@@ -136,7 +139,7 @@ def test_commit_vote_is_the_and_of_local_votes_and_stale_votes_are_refused() -> 
         assert in_threads(
             [lambda: c.should_commit(0, 0, True, T), lambda: c.should_commit(1, 0, True, T)]
         ) == [True, True]
-        in_threads([partial(c.quorum, g, 5, "", False, T) for g in range(2)])
+        in_threads([partial(c.quorum, quorum_request(g, 5)) for g in range(2)])
         with pytest.raises(QuorumRejectedError, match="stale vote: group rank 0 voted for step 3"):
             c.should_commit(0, 3, True, T)
 
@@ -164,13 +167,13 @@ def test_survivors_subscribers_hear_of_a_dead_member_and_next_quorum_excludes_it
         sub = clients[0].subscribe_failures(on_notice)
         try:
             assert sub.wait_ready(T)
-            first = in_threads([partial(c.quorum, 0, 1, "", False, T) for c in clients])
+            first = in_threads([partial(c.quorum, quorum_request(0, 1)) for c in clients])
             assert first[0].replica_world_size == 3
             ms[2].shutdown(leave=False)  # closes its stream as a crash would
             assert heard.wait(5)
             assert got[0].dead_replica_ids == ("rep2",)
             assert (got[0].epoch, got[0].quorum_id) == (lh.epoch, first[0].quorum_id)
-            second = in_threads([partial(c.quorum, 0, 2, "", False, T) for c in clients[:2]])
+            second = in_threads([partial(c.quorum, quorum_request(0, 2)) for c in clients[:2]])
             assert second[0].replica_ids == ["rep0", "rep1"]
             assert second[0].quorum_id == first[0].quorum_id + 1
         finally:
@@ -185,11 +188,11 @@ def test_a_clean_shutdown_is_a_leave_not_a_death() -> None:
         managers(lh, 3, world_size=1) as ms,
     ):
         clients = [ManagerClient(m.address()) for m in ms]
-        first = in_threads([partial(c.quorum, 0, 1, "", False, T) for c in clients])
+        first = in_threads([partial(c.quorum, quorum_request(0, 1)) for c in clients])
         assert first[0].replica_world_size == 3
         ms[2].shutdown()  # leave=True by default
         start = time.monotonic()
-        second = in_threads([partial(c.quorum, 0, 2, "", False, T) for c in clients[:2]])
+        second = in_threads([partial(c.quorum, quorum_request(0, 2)) for c in clients[:2]])
         assert second[0].replica_ids == ["rep0", "rep1"]
         assert time.monotonic() - start < 10  # it was forgotten, not waited for (join timeout 30 s)
         assert lh.status()["recent_deaths"] == []  # and nobody was told it died
@@ -205,11 +208,11 @@ def test_manager_server_survives_a_lighthouse_restart() -> None:
         )
         stack.callback(ms.shutdown)
         c = ManagerClient(ms.address())
-        r1 = c.quorum(0, 1, "", False, T)
+        r1 = c.quorum(quorum_request(0, 1))
         lh1.shutdown()
         lh2 = LighthouseServer(bind=bind)
         stack.callback(lh2.shutdown)
-        r2 = c.quorum(0, 2, "", False, T)
+        r2 = c.quorum(quorum_request(0, 2))
         assert (r1.epoch, r2.epoch) == (lh1.epoch, lh2.epoch)
         assert ms.wait_liveness(T, epoch=lh2.epoch)  # the liveness stream reconnected too
         live = {r["replica_id"]: r for r in lh2.status()["live"]}
@@ -230,13 +233,13 @@ def test_fuzzed_manager_requests_never_stop_the_server() -> None:
 
     import grpc
 
-    from lighthouse import wire
+    from lighthouse import services
 
     rng = random.Random(99)
     with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
         channel = grpc.insecure_channel(ms.address())
         names = ["Quorum", "CheckpointMetadata", "ShouldCommit"]
-        methods = {n: channel.unary_unary(f"/{wire.MANAGER_SERVICE}/{n}") for n in names}
+        methods = {n: channel.unary_unary(f"/{services.MANAGER_SERVICE}/{n}") for n in names}
         for _ in range(120):
             payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 48)))
             try:
@@ -249,7 +252,7 @@ def test_fuzzed_manager_requests_never_stop_the_server() -> None:
                     grpc.StatusCode.FAILED_PRECONDITION,
                 ), exc
         c = ManagerClient(ms.address())
-        out = in_threads([partial(c.quorum, g, 1, "", False, T) for g in range(2)])
+        out = in_threads([partial(c.quorum, quorum_request(g, 1)) for g in range(2)])
         assert [r.replica_rank for r in out] == [0, 0], out
         assert in_threads([partial(c.should_commit, g, 1, True, T) for g in range(2)]) == [
             True,

@@ -18,6 +18,7 @@ from lighthouse import (
     LighthouseClient,
     LighthouseUnavailableError,
     QuorumTimeoutError,
+    services,
     validate,
     wire,
 )
@@ -76,7 +77,7 @@ def test_bad_input_is_refused_with_a_clear_reason() -> None:
         with pytest.raises(TypeError, match="data must be JSON-serializable"):
             client.quorum("a", T, data={"x": object()})
         raw = grpc.insecure_channel(lh.bare_address()).unary_unary(
-            f"/{wire.LIGHTHOUSE_SERVICE}/Quorum"
+            f"/{services.LIGHTHOUSE_SERVICE}/Quorum"
         )
         cases = [
             (QuorumMember(""), "replica_id must be a non-empty string"),
@@ -150,7 +151,7 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
     with lighthouse(min_replicas=1, join_timeout_ms=0, clock=clock) as lh:
         channel = grpc.insecure_channel(lh.bare_address())
         methods = {
-            name: channel.unary_unary(f"/{wire.LIGHTHOUSE_SERVICE}/{name}")
+            name: channel.unary_unary(f"/{services.LIGHTHOUSE_SERVICE}/{name}")
             for name in ("Quorum", "Heartbeat", "Nope")
         }
 
@@ -185,7 +186,7 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
                     grpc.StatusCode.UNIMPLEMENTED,
                     grpc.StatusCode.ABORTED,
                 ), exc
-        liveness = channel.stream_stream(f"/{wire.LIGHTHOUSE_SERVICE}/Liveness")
+        liveness = channel.stream_stream(f"/{services.LIGHTHOUSE_SERVICE}/Liveness")
         with pytest.raises(grpc.RpcError) as info:
             list(liveness(iter([b"\xff\xff"]), timeout=5))
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -197,7 +198,7 @@ def test_fuzzed_requests_never_stop_the_server() -> None:
 def test_heartbeat_with_an_empty_id_is_refused() -> None:
     with lighthouse() as lh:
         raw = grpc.insecure_channel(lh.bare_address()).unary_unary(
-            f"/{wire.LIGHTHOUSE_SERVICE}/Heartbeat"
+            f"/{services.LIGHTHOUSE_SERVICE}/Heartbeat"
         )
         with pytest.raises(grpc.RpcError) as info:
             raw(wire.encode_heartbeat_request(""), timeout=5)

@@ -17,10 +17,11 @@ from lighthouse import (
     LighthouseServer,
     Quorum,
     QuorumMember,
+    services,
     validate,
     wire,
 )
-from lighthouse.quorum import DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS
+from lighthouse.coordinator.quorum import DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS
 from tests.integration.lh_fixtures import lighthouse
 
 pytestmark = pytest.mark.timeout(60)
@@ -121,7 +122,7 @@ def test_a_reply_whose_data_is_not_json_is_a_clear_error() -> None:
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(wire.LIGHTHOUSE_SERVICE, handlers),)
+        (grpc.method_handlers_generic_handler(services.LIGHTHOUSE_SERVICE, handlers),)
     )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()

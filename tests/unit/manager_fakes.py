@@ -6,6 +6,7 @@ No sockets: every result, vote and payload is what the test put there.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from datetime import timedelta
 from typing import Any
@@ -14,7 +15,7 @@ import torch
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
-from lighthouse import QuorumResult
+from lighthouse import FailureNotice, ManagerQuorumRequest, QuorumResult
 from torchft_pg.manager import Manager
 from torchft_pg.process_group import ProcessGroupDummy
 from torchft_pg.work import completed_work
@@ -53,35 +54,69 @@ def result(
     )
 
 
+def _not_subscribed(notice: FailureNotice) -> None:
+    raise AssertionError(f"no failure subscription to deliver {notice} to")
+
+
+class FakeSubscription:
+    """What `FakeClient.subscribe_failures` returns; the test calls the callback itself."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def wait_ready(self, timeout: timedelta) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class FakeClient:
+    """A `ManagerClientProtocol` answering from `results` and `decisions`; like the
+    remote `ManagerClient`, `quorum_async` runs `quorum` on a thread of its own."""
+
     def __init__(self, results: list[QuorumResult], decisions: list[bool] | None = None) -> None:
         self.results = list(results)
         self.decisions = decisions
+        self.requests: list[ManagerQuorumRequest] = []
         self.quorum_calls: list[dict[str, Any]] = []
         self.votes: list[tuple[int, bool]] = []
-        self.failure_callback: Any = None
+        self.failure_callback: Callable[[FailureNotice], None] = _not_subscribed
         self.quorum_error: Exception | None = None
         self.gate: threading.Event | None = None  # when set, quorum() waits for it
+        self.closed = 0
 
-    def quorum(
-        self,
-        group_rank: int,
-        step: int,
-        checkpoint_metadata: str,
-        shrink_only: bool,
-        timeout: timedelta,
-        init_sync: bool = True,
-        commit_failures: int = 0,
-        step_time_ms: float = 0.0,
-    ) -> QuorumResult:
+    def quorum(self, request: ManagerQuorumRequest) -> QuorumResult:
+        self.requests.append(request)
         self.quorum_calls.append(
-            {"step": step, "commit_failures": commit_failures, "metadata": checkpoint_metadata}
+            {
+                "step": request.step,
+                "commit_failures": request.commit_failures,
+                "metadata": request.checkpoint_metadata,
+            }
         )
         if self.gate is not None:
             assert self.gate.wait(5.0)
         if self.quorum_error is not None:
             raise self.quorum_error
         return self.results.pop(0) if len(self.results) > 1 else self.results[0]
+
+    def quorum_async(self, request: ManagerQuorumRequest) -> ThreadFuture[QuorumResult]:
+        return self._answer_on_thread(request, "fake-client-call")
+
+    def _answer_on_thread(
+        self, request: ManagerQuorumRequest, thread_name: str
+    ) -> ThreadFuture[QuorumResult]:
+        out: ThreadFuture[QuorumResult] = ThreadFuture()
+
+        def answer() -> None:
+            try:
+                out.set_result(self.quorum(request))
+            except Exception as e:
+                out.set_exception(e)
+
+        threading.Thread(target=answer, name=thread_name, daemon=True).start()
+        return out
 
     def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
         return "fake://meta"
@@ -92,26 +127,25 @@ class FakeClient:
         self.votes.append((step, should_commit))
         return should_commit if self.decisions is None else self.decisions.pop(0)
 
-    def subscribe_failures(self, callback: Any, group_rank: int = 0, on_error: Any = None) -> Any:
+    def subscribe_failures(
+        self,
+        callback: Callable[[FailureNotice], None],
+        group_rank: int = 0,
+        on_error: Callable[[Exception], None] | None = None,
+    ) -> FakeSubscription:
         self.failure_callback = callback
-        return None
+        return FakeSubscription()
+
+    def close(self) -> None:
+        self.closed += 1
 
 
 class AsyncFakeClient(FakeClient):
-    """Offers `quorum_async`, answered from a thread of its own, like the
-    in-process manager server's loop."""
+    """Answers `quorum_async` from a thread named like the in-process manager
+    server's loop, where rank 0's results arrive."""
 
-    def quorum_async(self, *args: Any) -> ThreadFuture[QuorumResult]:
-        out: ThreadFuture[QuorumResult] = ThreadFuture()
-
-        def answer() -> None:
-            try:
-                out.set_result(self.quorum(*args))
-            except Exception as e:
-                out.set_exception(e)
-
-        threading.Thread(target=answer, name="fake-server-loop").start()
-        return out
+    def quorum_async(self, request: ManagerQuorumRequest) -> ThreadFuture[QuorumResult]:
+        return self._answer_on_thread(request, "fake-server-loop")
 
 
 class FakeTransport:
@@ -192,12 +226,12 @@ def make(
     results: list[QuorumResult], **kwargs: Any
 ) -> tuple[Manager, FakeClient, FakeTransport, SumGroup]:
     client_type = kwargs.pop("client_type", FakeClient)
-    client = client_type(results, kwargs.pop("decisions", None))
+    client: FakeClient = client_type(results, kwargs.pop("decisions", None))
     transport = kwargs.pop("transport", FakeTransport())
     pg = SumGroup()
     manager = Manager(
         pg,
-        client=client,
+        client=client,  # where mypy checks FakeClient against ManagerClientProtocol
         connect_manager=kwargs.pop("connect_manager", lambda addr: client),
         checkpoint_transport=transport,
         min_replica_size=kwargs.pop("min_replica_size", 1),

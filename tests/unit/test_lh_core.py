@@ -8,8 +8,8 @@ import pytest
 
 from lighthouse import wire
 from lighthouse.clock import FakeClock
-from lighthouse.core import LighthouseCore, SupersededError
-from lighthouse.quorum import QuorumConfig
+from lighthouse.coordinator.core import LighthouseCore, SupersededError
+from lighthouse.coordinator.quorum import QuorumConfig
 from lighthouse.types import FailureNotice, QuorumMember
 
 # without leases: these tests read failure notices off the streams, not recalls
@@ -100,7 +100,7 @@ def test_snapshot_reports_step_times_slowest_vs_median() -> None:
 
 
 def test_step_time_report_names_the_slowest_replica_and_the_imbalance() -> None:
-    from lighthouse.core import step_time_report
+    from lighthouse.coordinator.core import step_time_report
 
     assert step_time_report([]) is None
     report = step_time_report([(100.0, "a"), (110.0, "b"), (300.0, "c")])

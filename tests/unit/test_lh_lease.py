@@ -6,9 +6,9 @@ import asyncio
 
 from lighthouse import wire
 from lighthouse.clock import FakeClock
-from lighthouse.core import LighthouseCore
-from lighthouse.lease import QuorumLease
-from lighthouse.quorum import QuorumConfig
+from lighthouse.coordinator.core import LighthouseCore
+from lighthouse.coordinator.lease import QuorumLease
+from lighthouse.coordinator.quorum import QuorumConfig
 from lighthouse.types import LeaseRecall, Quorum, QuorumMember
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lighthouse.clock import FakeClock
-from lighthouse.quorum import QuorumConfig, QuorumState, decide_quorum
+from lighthouse.coordinator.quorum import QuorumConfig, QuorumState, decide_quorum
 from lighthouse.types import QuorumMember
 
 CFG = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0)

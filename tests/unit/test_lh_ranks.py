@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lighthouse.ranks import compute_quorum_result
+from lighthouse.replica.ranks import compute_quorum_result
 from lighthouse.types import Quorum, QuorumMember
 
 

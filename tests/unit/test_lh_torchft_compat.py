@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from lighthouse import LighthouseServer, Timestamp, validate, wire
-from lighthouse.quorum import (
+from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
     DEFAULT_QUORUM_TICK_MS,
 )
-from lighthouse.server import _ms_arg
+from lighthouse.coordinator.server import _ms_arg
 from lighthouse.types import Quorum, QuorumMember
 
 

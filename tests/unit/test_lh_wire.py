@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
 import pytest
 
 from lighthouse import validate, wire
-from lighthouse.types import FailureNotice, Quorum, QuorumMember, QuorumResult
+from lighthouse._gen import lighthouse_pb2 as pb
+from lighthouse.types import (
+    FailureNotice,
+    ManagerQuorumRequest,
+    Quorum,
+    QuorumMember,
+    QuorumResult,
+)
 
 MEMBER = QuorumMember("r:1", "h:1", "s:2", 4, 2, True, {"k": [1, "x"]}, 3, 12.5, ("u0", "u1"))
 
@@ -65,18 +77,76 @@ def test_small_messages_round_trip() -> None:
     )
     assert wire.decode_kill_request(wire.encode_kill_request("bye")) == "bye"
     assert wire.decode_watch_failures_request(wire.encode_watch_failures_request(2)) == 2
-    req = wire.decode_manager_quorum_request(
-        wire.encode_manager_quorum_request(1, 5, "meta", True, False, 2, 3.5)
+    sent = ManagerQuorumRequest(
+        group_rank=1,
+        step=5,
+        checkpoint_metadata="meta",
+        timeout=timedelta(seconds=7),
+        shrink_only=True,
+        init_sync=False,
+        commit_failures=2,
+        step_time_ms=3.5,
     )
-    assert req == {
-        "group_rank": 1,
-        "step": 5,
-        "checkpoint_metadata": "meta",
-        "shrink_only": True,
-        "init_sync": False,
-        "commit_failures": 2,
-        "step_time_ms": 3.5,
-    }
+    # the timeout travels as the call's deadline: the receiver passes in what is left
+    got = wire.decode_manager_quorum_request(
+        wire.encode_manager_quorum_request(sent), timedelta(seconds=6)
+    )
+    assert got == replace(sent, timeout=timedelta(seconds=6))
+
+
+REQUEST = ManagerQuorumRequest(
+    group_rank=0, step=3, checkpoint_metadata="m", timeout=timedelta(seconds=5)
+)
+
+
+def test_manager_quorum_request_is_frozen_and_keyword_only() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        REQUEST.step = 4  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ManagerQuorumRequest(0, 3, "m", timedelta(seconds=5))  # type: ignore[misc]
+    assert (REQUEST.shrink_only, REQUEST.init_sync, REQUEST.commit_failures) == (False, True, 0)
+    assert REQUEST.step_time_ms == 0.0
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "msg"),
+    [
+        ({"group_rank": -1}, ValueError, r"group_rank must be >= 0, got -1"),
+        ({"step": True}, TypeError, r"step must be an int, got True"),
+        ({"commit_failures": 1.0}, TypeError, r"commit_failures must be an int, got 1\.0"),
+        ({"commit_failures": -2}, ValueError, r"commit_failures must be >= 0, got -2"),
+        ({"checkpoint_metadata": b"x"}, TypeError, r"checkpoint_metadata must be a str, got b'x'"),
+        ({"shrink_only": 1}, TypeError, r"shrink_only must be a bool, got 1"),
+        ({"init_sync": None}, TypeError, r"init_sync must be a bool, got None"),
+        ({"timeout": 5}, TypeError, r"timeout must be a datetime\.timedelta, got int"),
+        ({"timeout": timedelta(0)}, ValueError, r"timeout must be positive, got 0:00:00"),
+        ({"step_time_ms": "1"}, TypeError, r"step_time_ms must be a float .*, got '1'"),
+        ({"step_time_ms": float("nan")}, ValueError, r"step_time_ms must be .*, got nan"),
+        ({"step_time_ms": -1.0}, ValueError, r"step_time_ms must be .*>= 0, got -1\.0"),
+    ],
+)
+def test_a_bad_manager_quorum_request_is_refused_before_sending(
+    change: dict[str, Any], error: type[Exception], msg: str
+) -> None:
+    with pytest.raises(error, match=msg):
+        wire.encode_manager_quorum_request(replace(REQUEST, **change))
+
+
+@pytest.mark.parametrize(
+    ("fields", "timeout", "msg"),
+    [
+        ({"step": -3}, timedelta(seconds=1), r"step must be >= 0, got -3"),
+        ({"group_rank": -1}, timedelta(seconds=1), r"group_rank must be >= 0, got -1"),
+        ({"step_time_ms": float("inf")}, timedelta(seconds=1), r"step_time_ms .*, got inf"),
+        ({}, timedelta(0), r"timeout must be positive, got 0:00:00"),
+    ],
+)
+def test_a_decoded_manager_quorum_request_out_of_range_names_the_field(
+    fields: dict[str, Any], timeout: timedelta, msg: str
+) -> None:
+    data = pb.ManagerQuorumRequest(**fields).SerializeToString()
+    with pytest.raises(ValueError, match=msg):
+        wire.decode_manager_quorum_request(data, timeout)
 
 
 def test_malformed_bytes_name_the_message() -> None:

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from lighthouse import wire
-from lighthouse.client import CHANNEL_OPTIONS
+from lighthouse import services, wire
+from lighthouse._net import CHANNEL_OPTIONS, stub
 from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
@@ -77,9 +77,8 @@ class LighthouseLink:
                 f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
                 f"{self._connect_s:g} s"
             ) from None
-        base = f"/{wire.LIGHTHOUSE_SERVICE}/"
-        self._lh_quorum_stream = self._channel.stream_stream(base + "QuorumStream")
-        self._lh_liveness = self._channel.stream_stream(base + "Liveness")
+        self._lh_quorum_stream = stub(self._channel, services.LIGHTHOUSE_QUORUM_STREAM)
+        self._lh_liveness = stub(self._channel, services.LIGHTHOUSE_LIVENESS)
         self._qlock = asyncio.Lock()
         self._opened = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._liveness_loop())

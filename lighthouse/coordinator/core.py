@@ -18,15 +18,15 @@ from typing import Any, Protocol
 
 from lighthouse import wire
 from lighthouse.clock import Clock
-from lighthouse.lease import QuorumLease
-from lighthouse.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
+from lighthouse.coordinator.lease import QuorumLease
+from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
 from lighthouse.types import FailureNotice, LeaseRecall, QuorumMember
 
 log = logging.getLogger("lighthouse")
 
 
 class Metrics(Protocol):
-    """What the core reports; ``lighthouse.status.LighthouseMetrics`` implements it."""
+    """What the core reports; ``lighthouse.coordinator.status.LighthouseMetrics`` implements it."""
 
     def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None: ...
     def death(self, cause: str, count: int) -> None: ...

@@ -47,7 +47,7 @@ DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
 class QuorumConfig:
     """Quorum parameters. Times are in seconds (the clock's unit).
 
-    ``lease``: grant quorum leases (see ``lighthouse.lease``), so that members
+    ``lease``: grant quorum leases (see ``lighthouse.coordinator.lease``), so that members
     skip the lighthouse on steps where nothing changes.
     """
 

@@ -11,65 +11,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
-from lighthouse import validate, wire
+from lighthouse import services, validate, wire
 from lighthouse._loop import run_sync
+from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
-from lighthouse.core import LighthouseCore, SupersededError
-from lighthouse.quorum import (
+from lighthouse.coordinator.core import LighthouseCore, SupersededError
+from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
     DEFAULT_MIN_REPLICAS,
     DEFAULT_QUORUM_TICK_MS,
     QuorumConfig,
 )
-from lighthouse.status import LighthouseMetrics, StatusHTTPServer
+from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
 
 log = logging.getLogger("lighthouse")
-
-_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
-
-
-def split_host_port(addr: str, what: str = "address") -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` -> (host without brackets, port)."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"{what} must be 'host:port' or '[v6]:port', got {addr!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host, int(port)
-
-
-def join_host_port(host: str, port: int) -> str:
-    """Inverse of ``split_host_port`` (brackets IPv6 literals)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def advertised_host(bind_host: str, hostname: str | None) -> str:
-    """``hostname`` if given, else the bind host, else (wildcard bind) the machine's name."""
-    if hostname:
-        return hostname
-    if bind_host not in _WILDCARDS:
-        return bind_host
-    return socket.gethostname()
-
-
-def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
-    """Options shared by both servers: size limit, no port sharing, keepalive pings
-    every ``keepalive_ms`` milliseconds so a silent peer's calls end."""
-    return [
-        ("grpc.max_receive_message_length", validate.MAX_MESSAGE_BYTES),
-        ("grpc.so_reuseport", 0),
-        ("grpc.keepalive_time_ms", keepalive_ms),
-        ("grpc.keepalive_timeout_ms", keepalive_ms),
-        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-    ]
-
 
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
 
@@ -109,7 +70,7 @@ class LighthouseServer:
             closed liveness stream declares it dead at once);
             None = ``DEFAULT_HEARTBEAT_TIMEOUT_MS`` (5000).
         quorum_lease: grant quorum leases, so members skip the lighthouse on
-            steps where nothing changes (``lighthouse.lease``); False makes every
+            steps where nothing changes (``lighthouse.coordinator.lease``); False makes every
             step a full quorum round, as in torchft.
         http_bind: ``host:port`` for the dashboard, ``/status`` and ``/metrics``;
             None serves no HTTP.
@@ -180,19 +141,19 @@ class LighthouseServer:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _start(self, bind: str, keepalive_ms: int) -> int:
-        server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
-        handlers = {
-            "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
-            "QuorumStream": grpc.stream_stream_rpc_method_handler(self._quorum_stream),
-            "Heartbeat": grpc.unary_unary_rpc_method_handler(self._heartbeat),
-            "Liveness": grpc.stream_stream_rpc_method_handler(self._liveness),
+        handlers: dict[str, Callable[..., Any]] = {
+            "Quorum": self._quorum,
+            "QuorumStream": self._quorum_stream,
+            "Heartbeat": self._heartbeat,
+            "Liveness": self._liveness,
         }
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(wire.LIGHTHOUSE_SERVICE, handlers),)
+        server, port = bind_server(
+            services.LIGHTHOUSE_SERVICE,
+            handlers,
+            bind,
+            keepalive_ms=keepalive_ms,
+            what="the lighthouse",
         )
-        port = server.add_insecure_port(bind)
-        if port == 0:
-            raise OSError(f"could not bind the lighthouse to {bind!r}")
         await server.start()
         self._server = server
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop())

@@ -1,5 +1,6 @@
-"""A manager server's side of a quorum lease (see ``lighthouse.lease``): when a round
-may be answered from it, when it is void, and which leased step a recall strands.
+"""A manager server's side of a quorum lease (the lighthouse's side is
+``lighthouse.coordinator.lease``): when a round may be answered from it, when
+it is void, and which leased step a recall strands.
 
 No I/O: the manager server passes in the liveness stream's state (its
 generation while open, None while broken) and relays what comes back.
@@ -11,7 +12,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
-from lighthouse.ranks import compute_quorum_result
+from lighthouse.replica.ranks import compute_quorum_result
 from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumResult
 
 

@@ -1,0 +1,133 @@
+"""Network helpers shared by both roles: addresses, gRPC channel and server options,
+binding a gRPC server and building client stubs from the method table.
+
+Every address is ``host:port`` (``[v6]:port`` for IPv6 literals); clients also
+accept torchft's ``http://host:port``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+
+from lighthouse import services, validate
+
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "advertised_host",
+    "bind_server",
+    "grpc_server_options",
+    "join_host_port",
+    "method_handlers",
+    "normalize_address",
+    "split_host_port",
+    "stub",
+]
+
+_WILDCARDS = ("", "0.0.0.0", "::", "[::]")
+
+#: Options of every client channel: a 256 MiB receive limit, reconnect backoff
+#: from 50 ms up to 1 s, and no gRPC-level retries (callers retry themselves).
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+]
+
+
+def normalize_address(addr: str) -> str:
+    """Accept ``host:port`` and the peer's ``http://host:port``; return ``host:port``."""
+    for prefix in ("http://", "grpc://"):
+        if addr.startswith(prefix):
+            addr = addr[len(prefix) :]
+    addr = addr.rstrip("/")
+    if not addr or ":" not in addr:
+        raise ValueError(f"address must be 'host:port', got {addr!r}")
+    return addr
+
+
+def split_host_port(addr: str, what: str = "address") -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` -> (host without brackets, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{what} must be 'host:port' or '[v6]:port', got {addr!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """Inverse of ``split_host_port`` (brackets IPv6 literals)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def advertised_host(bind_host: str, hostname: str | None) -> str:
+    """``hostname`` if given, else the bind host, else (wildcard bind) the machine's name."""
+    if hostname:
+        return hostname
+    if bind_host not in _WILDCARDS:
+        return bind_host
+    return socket.gethostname()
+
+
+def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
+    """Options shared by both servers: size limit, no port sharing, keepalive pings
+    every ``keepalive_ms`` milliseconds so a silent peer's calls end."""
+    return [
+        ("grpc.max_receive_message_length", validate.MAX_MESSAGE_BYTES),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_time_ms", keepalive_ms),
+        ("grpc.keepalive_timeout_ms", keepalive_ms),
+        ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ]
+
+
+def method_handlers(
+    service: str, handlers: Mapping[str, Callable[..., Any]]
+) -> grpc.GenericRpcHandler:
+    """Serve ``handlers`` (method name -> raw-bytes handler) as ``service``, each with
+    the shape the method table (``lighthouse.services``) gives it.
+
+    ``ValueError`` unless ``handlers`` names exactly the service's methods, so a
+    server can neither miss an RPC nor serve one the proto does not declare.
+    """
+    methods = {m.name: m for m in services.SERVICES[service]}
+    if set(handlers) != set(methods):
+        raise ValueError(
+            f"handlers for {service} must be exactly {sorted(methods)}, got {sorted(handlers)}"
+        )
+    table = {
+        name: getattr(grpc, f"{methods[name].shape}_rpc_method_handler")(fn)
+        for name, fn in handlers.items()
+    }
+    return grpc.method_handlers_generic_handler(service, table)
+
+
+def bind_server(
+    service: str,
+    handlers: Mapping[str, Callable[..., Any]],
+    bind: str,
+    *,
+    keepalive_ms: int,
+    what: str,
+) -> tuple[grpc.aio.Server, int]:
+    """An asyncio gRPC server serving ``service`` and bound to ``bind``, not yet
+    started; returns it and the bound port. Call on the event loop that will run
+    it. ``OSError`` naming ``what`` if the address cannot be bound."""
+    server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
+    server.add_generic_rpc_handlers((method_handlers(service, handlers),))
+    port: int = server.add_insecure_port(bind)
+    if port == 0:
+        raise OSError(f"could not bind {what} to {bind!r}")
+    return server, port
+
+
+def stub(channel: Any, method: services.Method) -> Any:
+    """The client callable for ``method`` on ``channel`` (blocking or asyncio),
+    built with the shape the method table gives it."""
+    return getattr(channel, method.shape)(method.path)

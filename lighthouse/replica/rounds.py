@@ -1,0 +1,241 @@
+"""A manager server's quorum rounds and commit votes: the state both transports share.
+
+Every rank of the replica group sends one quorum request per step; the round
+waits for all ``world_size`` of them, checks they report the same step, and
+answers from the quorum lease if it still holds, else makes ONE lighthouse
+call for the whole group. If that call fails every waiting rank hears it at
+once. A commit vote is the AND of the ranks' votes for one step; stale votes
+are refused.
+
+No transport: the gRPC handlers (``lighthouse.replica.server``) and the
+in-process client (``lighthouse.replica.local``) both enter rounds and votes
+here. Everything runs on the server's event loop, so nothing needs a lock;
+only ``checkpoint_metadata`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from lighthouse import validate
+from lighthouse.errors import FaultToleranceError, QuorumRejectedError
+from lighthouse.replica.lease_holder import LeasedRound, LeaseHolder, leased_result
+from lighthouse.replica.link import LighthouseLink
+from lighthouse.replica.ranks import compute_quorum_result
+from lighthouse.types import ManagerQuorumRequest, Quorum, QuorumMember, QuorumResult
+
+__all__ = ["Gather", "QuorumRounds", "Vote"]
+
+log = logging.getLogger("lighthouse.manager")
+
+
+@dataclass
+class Gather:
+    """One quorum round being gathered from the local ranks."""
+
+    requests: dict[int, ManagerQuorumRequest] = field(default_factory=dict)
+    deadlines: dict[int, float] = field(default_factory=dict)  # loop time, seconds
+    future: asyncio.Future[Quorum | LeasedRound] | None = None
+    launched: bool = False
+    task: asyncio.Task[None] | None = None  # the lighthouse call, kept referenced
+
+
+@dataclass
+class Vote:
+    """One commit vote being gathered: ``step`` and each group rank's vote so far."""
+
+    step: int
+    votes: dict[int, bool] = field(default_factory=dict)
+    future: asyncio.Future[bool] | None = None
+
+
+class QuorumRounds:
+    """Rounds and votes of replica group ``replica_id`` (``world_size`` ranks).
+
+    ``address`` gives the manager server's advertised ``host:port`` (sent to the
+    lighthouse so healing peers can reach it); ``link`` asks the lighthouse;
+    ``lease`` is the quorum lease this replica holds.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        world_size: int,
+        store_addr: str,
+        address: Callable[[], str],
+        link: LighthouseLink,
+        lease: LeaseHolder,
+    ) -> None:
+        self.replica_id = replica_id
+        self.world_size = world_size
+        self._store_addr = store_addr
+        self._address = address
+        self._link = link
+        self._lease = lease
+        self._gather = Gather()
+        self._vote: Vote | None = None
+        self._last_quorum_step = -1
+        self.resolved_step = -1  # the latest step whose commit vote is decided
+        self._metadata: dict[int, str] = {}
+
+    # -- quorum --------------------------------------------------------------------------
+    def check_request(self, req: ManagerQuorumRequest) -> int:
+        """Validate one rank's quorum request; return its group rank (ValueError if bad)."""
+        validate.check_manager_quorum_request(req)
+        rank = validate.check_group_rank(req.group_rank, self.world_size)
+        if len(req.checkpoint_metadata) > validate.MAX_METADATA_BYTES:
+            raise ValueError(
+                f"checkpoint_metadata must be at most {validate.MAX_METADATA_BYTES} bytes"
+            )
+        return rank
+
+    def enter_gather(
+        self, rank: int, req: ManagerQuorumRequest
+    ) -> tuple[Gather, asyncio.Future[Quorum | LeasedRound]]:
+        """Add ``rank``'s request to this round; the last rank to arrive launches the
+        single lighthouse call. Returns the round and the future of its quorum."""
+        loop = asyncio.get_running_loop()
+        self._metadata[rank] = req.checkpoint_metadata
+        g = self._gather
+        if g.future is None:
+            g.future = loop.create_future()
+        g.requests[rank] = req
+        g.deadlines[rank] = loop.time() + req.timeout.total_seconds()
+        fut = g.future
+        if len(g.requests) == self.world_size:
+            self._gather = Gather()
+            g.launched = True
+            steps = {r: q.step for r, q in sorted(g.requests.items())}
+            if len(set(steps.values())) > 1:
+                fut.set_exception(
+                    QuorumRejectedError(
+                        f"local ranks of replica {self.replica_id!r} reported different steps "
+                        f"(group rank: step) {steps}; all ranks of a replica group must agree"
+                    )
+                )
+            else:
+                self._start_round(g, fut)
+        return g, fut
+
+    @staticmethod
+    def leave_gather(g: Gather, rank: int, req: ManagerQuorumRequest) -> None:
+        """``rank`` gave up (deadline, cancelled) before its round was launched."""
+        if not g.launched and g.requests.get(rank) is req:
+            del g.requests[rank]
+            g.deadlines.pop(rank, None)
+
+    def result_for(self, answer: Quorum | LeasedRound, rank: int, init_sync: bool) -> QuorumResult:
+        """Group rank ``rank``'s result from a lighthouse quorum or a leased round."""
+        if isinstance(answer, Quorum):
+            return compute_quorum_result(answer, self.replica_id, rank, init_sync)
+        return leased_result(answer, self.replica_id, rank, init_sync)
+
+    def _start_round(self, g: Gather, fut: asyncio.Future[Quorum | LeasedRound]) -> None:
+        """Answer the gathered round from the lease if it still holds, else ask the lighthouse."""
+        reqs = list(g.requests.values())
+        step = reqs[0].step
+        self._last_quorum_step = step
+        self._link.progress = (step, max(r.step_time_ms for r in reqs))
+        eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
+        leased = self._lease.answer(step, eligible, self._link.open_generation)
+        if leased is not None:
+            fut.set_result(leased)
+            return
+        g.task = asyncio.get_running_loop().create_task(self._lighthouse_quorum(g, fut, step))
+
+    async def _lighthouse_quorum(
+        self, g: Gather, fut: asyncio.Future[Quorum | LeasedRound], step: int
+    ) -> None:
+        reqs = list(g.requests.values())
+        member = QuorumMember(
+            replica_id=self.replica_id,
+            address=self._address(),
+            store_address=self._store_addr,
+            step=step,
+            world_size=self.world_size,
+            shrink_only=any(r.shrink_only for r in reqs),
+            commit_failures=max(r.commit_failures for r in reqs),
+            step_time_ms=max(float(r.step_time_ms) for r in reqs),
+            checkpoint_metadata=tuple(
+                g.requests[r].checkpoint_metadata for r in range(self.world_size)
+            ),
+        )
+        asked_generation = self._link.open_generation
+        try:
+            quorum, lease_id = await self._link.quorum(member, min(g.deadlines.values()))
+        except FaultToleranceError as exc:
+            fut.set_exception(exc)
+            return
+        self._lease.take(
+            quorum,
+            lease_id,
+            asked_generation,
+            self._link.open_generation,
+            self._link.lighthouse_epoch,
+        )
+        fut.set_result(quorum)
+
+    # -- commit vote, metadata -------------------------------------------------------------
+    def enter_vote(self, rank: int, step: int, vote: bool) -> tuple[Vote, asyncio.Future[bool]]:
+        """Record ``rank``'s vote for ``step``; the last rank's vote decides.
+
+        ValueError for a bad rank or a stale vote; a vote for a later step
+        abandons the open one (its waiters get ``QuorumRejectedError``).
+        """
+        validate.check_group_rank(rank, self.world_size)
+        validate.check_step("step", step)
+        if step < self._last_quorum_step:
+            raise ValueError(
+                f"stale vote: group rank {rank} voted for step {step} but replica "
+                f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
+            )
+        v = self._vote
+        if v is not None and step < v.step:
+            raise ValueError(
+                f"stale vote: group rank {rank} voted for step {step} while the open vote is "
+                f"for step {v.step}"
+            )
+        if v is not None and step > v.step:
+            assert v.future is not None
+            v.future.set_exception(
+                QuorumRejectedError(
+                    f"the vote for step {v.step} was abandoned: group rank {rank} moved on to step "
+                    f"{step} before ranks {sorted(set(range(self.world_size)) - set(v.votes))} voted"
+                )
+            )
+            v = None
+        if v is None:
+            v = self._vote = Vote(step, future=asyncio.get_running_loop().create_future())
+        assert v.future is not None
+        v.votes[rank] = vote
+        fut = v.future
+        if len(v.votes) == self.world_size:
+            self._vote = None
+            self.resolved_step = max(self.resolved_step, step)
+            no = sorted(r for r, ok in v.votes.items() if not ok)
+            if no:
+                log.info(
+                    "%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no
+                )
+            fut.set_result(not no)
+        return v, fut
+
+    def leave_vote(self, v: Vote, rank: int) -> None:
+        """``rank`` gave up (deadline, cancelled) before the vote was decided."""
+        if self._vote is v:
+            v.votes.pop(rank, None)
+
+    def checkpoint_metadata(self, rank: int) -> str:
+        """What group rank ``rank`` sent with its last quorum; any thread.
+        ``QuorumRejectedError`` if it sent none."""
+        try:
+            return self._metadata[rank]
+        except KeyError:
+            raise QuorumRejectedError(
+                f"CheckpointMetadata: no metadata for group rank {rank} on replica "
+                f"{self.replica_id!r} (ranks with metadata: {sorted(self._metadata)})"
+            ) from None

@@ -1,0 +1,343 @@
+"""``ManagerServer``: one per replica group, hosted by group rank 0.
+
+- ``Quorum``: waits for all ``world_size`` local ranks, checks they report the
+  same step, makes ONE lighthouse call and answers each rank with its own
+  ``QuorumResult``; if the lighthouse call fails every waiting rank hears it at once.
+- ``ShouldCommit``: AND of the local ranks' votes for one step; stale votes are refused.
+- ``CheckpointMetadata``, ``Kill``, and ``WatchFailures`` (notices relayed from the lighthouse).
+- A liveness stream to the lighthouse, pinged every ``heartbeat_interval`` and
+  reopened (50 ms .. 1 s backoff) after a lighthouse restart.
+- Quorum leases (``lighthouse.coordinator.lease``): while the lighthouse's lease holds, a
+  round whose step follows the last committed one is answered here from the
+  leased quorum, without a lighthouse call. Any doubt voids the lease: a
+  recall, a failure notice, a broken liveness stream, a step that did not
+  advance, shrink_only or commit failures. A recall that strands a leased step
+  (a member it needs waits at the lighthouse) fails that step on every rank.
+
+The rounds and votes themselves live in ``lighthouse.replica.rounds``; this
+module is their gRPC service and the server's lifecycle. Group rank 0 reaches
+the same rounds in-process through ``lighthouse.replica.local``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import grpc
+
+from lighthouse import services, validate, wire
+from lighthouse._loop import background_loop, run_sync
+from lighthouse._net import (
+    advertised_host,
+    bind_server,
+    join_host_port,
+    normalize_address,
+    split_host_port,
+)
+from lighthouse.errors import FaultToleranceError, QuorumRejectedError
+from lighthouse.replica.lease_holder import LeaseHolder
+from lighthouse.replica.link import LighthouseLink
+from lighthouse.replica.rounds import QuorumRounds
+from lighthouse.types import FailureNotice, LeaseRecall
+
+__all__ = ["ManagerServer"]
+
+log = logging.getLogger("lighthouse.manager")
+
+
+def _exit_process(msg: str) -> None:
+    log.error("killed: %s; exiting with status 1", msg)
+    os._exit(1)
+
+
+class ManagerServer:
+    """The per-replica-group server (see module docstring).
+
+    Args:
+        replica_id: this replica group's id (unique per incarnation).
+        lighthouse_addr: the lighthouse, ``host:port``.
+        hostname: host to advertise to peers; default: the bind host, or the
+            machine's name for a wildcard bind (pass the right NIC's address).
+        bind: listen address ``host:port`` (port 0 picks one).
+        store_addr: this group's rendezvous store ``host:port``.
+        world_size: ranks in the replica group (>= 1).
+        heartbeat_interval: period of liveness pings to the lighthouse.
+        connect_timeout: how long to wait for the lighthouse at start-up and
+            to retry it when unreachable during a quorum.
+        quorum_retries: extra attempts of a failed lighthouse quorum call
+            (other than "unreachable", which is retried for ``connect_timeout``).
+        on_kill: called with the message on ``Kill``; default exits the process.
+    """
+
+    def __init__(
+        self,
+        replica_id: str,
+        lighthouse_addr: str,
+        hostname: str | None = None,
+        bind: str = "[::]:0",
+        store_addr: str = "",
+        world_size: int = 1,
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        connect_timeout: timedelta = timedelta(seconds=10),
+        quorum_retries: int = 0,
+        on_kill: Callable[[str], None] | None = None,
+    ) -> None:
+        validate.check_replica_id(replica_id)
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if quorum_retries < 0:
+            raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
+        self.replica_id = replica_id
+        self.world_size = world_size
+        self.store_addr = store_addr
+        self._hb_s = heartbeat_interval.total_seconds()
+        self._connect_s = connect_timeout.total_seconds()
+        if self._hb_s <= 0 or self._connect_s <= 0:
+            raise ValueError(
+                f"heartbeat_interval and connect_timeout must be positive, got "
+                f"{heartbeat_interval} and {connect_timeout}"
+            )
+        self._on_kill = on_kill or _exit_process
+        bind_host, _ = split_host_port(bind, "bind")
+        self._host = advertised_host(bind_host, hostname)
+        self._lease = LeaseHolder()
+        self._subscribers: set[asyncio.Queue[bytes]] = set()
+        # in-process subscribers; replaced, never mutated, so any thread may add
+        self._local_watchers: frozenset[Callable[[FailureNotice], None]] = frozenset()
+        self._link = LighthouseLink(
+            replica_id,
+            normalize_address(lighthouse_addr),
+            self._hb_s,
+            self._connect_s,
+            quorum_retries,
+            self._on_event,
+        )
+        self._rounds = QuorumRounds(
+            replica_id=replica_id,
+            world_size=world_size,
+            store_addr=store_addr,
+            address=self.address,
+            link=self._link,
+            lease=self._lease,
+        )
+        self._stopped = False
+        self._loop = background_loop()
+        self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def _start(self, bind: str) -> int:
+        """Bind and start serving while the lighthouse link connects (both at once:
+        a restarted replica waits for neither twice)."""
+        handlers: dict[str, Callable[..., Any]] = {
+            "Quorum": self._quorum,
+            "CheckpointMetadata": self._checkpoint_metadata,
+            "ShouldCommit": self._should_commit,
+            "Kill": self._kill,
+            "WatchFailures": self._watch_failures,
+        }
+        server, port = bind_server(
+            services.MANAGER_SERVICE,
+            handlers,
+            bind,
+            keepalive_ms=5000,
+            what="the manager server",
+        )
+        self._server = server
+        results = await asyncio.gather(self._link.connect(), server.start(), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await server.stop(grace=None)
+            if results[0] is None:  # connected: close the link we will not use
+                await self._link.close(leave=True)
+            raise errors[0]
+        return port
+
+    def address(self) -> str:
+        """``host:port`` of this manager server, as advertised to peers."""
+        return join_host_port(self._host, self._port)
+
+    @property
+    def rounds(self) -> QuorumRounds:
+        """The quorum rounds and commit votes, for the in-process client
+        (``lighthouse.replica.local``); use them on ``loop`` only."""
+        return self._rounds
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop this server and its rounds run on."""
+        return self._loop
+
+    def wait_liveness(self, timeout: timedelta, epoch: str | None = None) -> bool:
+        """Wait until the liveness stream is open (to lighthouse ``epoch`` if given).
+
+        False if ``timeout`` passed first.
+        """
+        return self._link.wait_liveness(timeout, epoch)
+
+    @property
+    def lighthouse_epoch(self) -> str:
+        """Epoch of the lighthouse our liveness stream is open to ("" before the first)."""
+        return self._link.lighthouse_epoch
+
+    async def _stop(self, leave: bool) -> None:
+        for q in self._subscribers:
+            q.put_nowait(b"")
+        await self._server.stop(grace=0.2)
+        await self._link.close(leave=leave)
+
+    def shutdown(self, leave: bool = True) -> None:
+        """Stop serving and close the liveness stream. Idempotent.
+
+        ``leave``: tell the lighthouse this is a clean shutdown, so our peers get
+        no failure notice; False closes the stream as a crash would.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        run_sync(self._stop(leave), timeout_s=10)
+
+    def __enter__(self) -> ManagerServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- quorum lease ------------------------------------------------------------------------
+    @property
+    def lease_id(self) -> int:
+        """The id of the quorum lease this replica holds (0: none)."""
+        return self._lease.lease_id
+
+    @property
+    def leased_rounds(self) -> int:
+        """Rounds answered from a lease so far."""
+        return self._lease.rounds
+
+    def wait_lease(self, held: bool, timeout: timedelta) -> bool:
+        """Wait until a lease is (``held``) or is not held; False after ``timeout``. Any thread."""
+        return self._lease.wait(held, timeout)
+
+    # -- failure notices and lease recalls ---------------------------------------------------
+    def _on_event(self, event: FailureNotice | LeaseRecall) -> None:
+        """An event from the lighthouse's liveness stream (on the loop)."""
+        if isinstance(event, LeaseRecall):
+            self._on_recall(event)
+            return
+        self._lease.drop()  # a member died: the next round asks the lighthouse
+        log.warning(
+            "%s: lighthouse reports %s of quorum %s/%d dead (%s)",
+            self.replica_id,
+            list(event.dead_replica_ids),
+            event.epoch,
+            event.quorum_id,
+            event.reason,
+        )
+        self._relay(event)
+
+    def _on_recall(self, recall: LeaseRecall) -> None:
+        """Void the recalled lease; fail the leased step in progress if it is stranded."""
+        stranded = self._lease.on_recall(recall, self._rounds.resolved_step)
+        if stranded is not None:
+            log.warning("%s: failing step %s: %s", self.replica_id, stranded.step, stranded.reason)
+            self._relay(stranded)
+
+    def _relay(self, notice: FailureNotice) -> None:
+        """Hand ``notice`` to every local rank (in-process watchers and WatchFailures streams)."""
+        for watch in self._local_watchers:
+            watch(notice)
+        payload = wire.encode_failure_notice(notice)
+        for q in self._subscribers:
+            q.put_nowait(payload)
+
+    def add_local_watcher(self, watch: Callable[[FailureNotice], None]) -> None:
+        """Call ``watch(notice)`` on the server's loop for every failure notice.
+        It must not block (hand the notice to another thread). Any thread."""
+        self._local_watchers = self._local_watchers | {watch}
+
+    def remove_local_watcher(self, watch: Callable[[FailureNotice], None]) -> None:
+        self._local_watchers = self._local_watchers - {watch}
+
+    async def _watch_failures(self, request: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            validate.check_group_rank(wire.decode_watch_failures_request(request), self.world_size)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"WatchFailures: {exc}")
+        queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            await context.write(
+                wire.encode_failure_notice(FailureNotice(self.lighthouse_epoch, 0, ()))
+            )
+            while True:
+                payload = await queue.get()
+                if not payload:
+                    return
+                await context.write(payload)
+        finally:
+            self._subscribers.discard(queue)
+
+    # -- quorum --------------------------------------------------------------------------
+    async def _quorum(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            remaining = context.time_remaining()
+            if remaining is None:
+                raise ValueError("ManagerService.Quorum needs a deadline (grpc timeout), got none")
+            req = wire.decode_manager_quorum_request(request, timedelta(seconds=remaining))
+            rank = self._rounds.check_request(req)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Quorum: {exc}")
+        g, fut = self._rounds.enter_gather(rank, req)
+        try:
+            quorum = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._rounds.leave_gather(g, rank, req)
+            raise
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"Quorum: {exc}")
+        except FaultToleranceError as exc:
+            await context.abort(grpc.StatusCode.ABORTED, f"{type(exc).__name__}: {exc}")
+        result = self._rounds.result_for(quorum, rank, req.init_sync)
+        return wire.encode_quorum_result(result)
+
+    # -- commit vote, metadata, kill -------------------------------------------------------
+    async def _should_commit(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            rank, step, vote = wire.decode_should_commit_request(request)
+            v, fut = self._rounds.enter_vote(rank, step, vote)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+        try:
+            decision = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            self._rounds.leave_vote(v, rank)
+            raise
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+        return wire.encode_should_commit_response(decision)
+
+    async def _checkpoint_metadata(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        try:
+            rank = wire.decode_checkpoint_metadata_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"CheckpointMetadata: {exc}")
+        try:
+            metadata = self._rounds.checkpoint_metadata(rank)
+        except QuorumRejectedError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        return wire.encode_checkpoint_metadata_response(metadata)
+
+    async def _kill(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            msg = wire.decode_kill_request(request)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Kill: {exc}")
+        log.warning("%s: Kill received: %s", self.replica_id, msg)
+        asyncio.get_running_loop().call_later(0.05, self._on_kill, msg)
+        return wire.encode_kill_response()
