@@ -1,0 +1,249 @@
+"""The allowed import directions between packages, checked on the source (AST).
+
+Modules: every ``.py`` file under ``lighthouse/`` (except the generated
+``lighthouse/_gen/``) and ``torchft_pg/``, named by dotted path (a package by
+its ``__init__.py``).
+
+Import edges: every ``import X`` and ``from X import Y`` anywhere in a module
+(at module level, inside functions, under ``if TYPE_CHECKING:``), relative
+imports resolved. ``from P import N`` is an edge to ``P.N`` when that is a
+module of ours, else to ``P``. An edge under ``if TYPE_CHECKING:`` is
+*type-only*: it never runs. Importing a submodule also runs its parent
+packages' ``__init__``; those implicit edges are not counted (a package
+``__init__`` is a facade that re-exports), an explicit ``import P`` is.
+
+Roles in ``lighthouse``:
+
+- facades: ``lighthouse`` itself, ``lighthouse.__main__`` and ``lighthouse.testing``;
+  they assemble both roles and may import any lighthouse module;
+- coordinator: ``lighthouse.coordinator`` and its submodules (the job's lighthouse);
+- replica: ``lighthouse.replica`` and its submodules (the per-replica-group side);
+- shared: every other lighthouse module (``types``, ``wire``, ``validate``,
+  ``errors``, ``clock``, ``services``, ``_net``, ``_calls``, ``_loop``, ...).
+
+Rules:
+
+1. No lighthouse module imports ``torch`` or ``torchft_pg`` (or any submodule).
+2. Of lighthouse, a shared module imports only shared modules.
+3. Of lighthouse, a coordinator module imports only coordinator and shared modules.
+4. Of lighthouse, a replica module imports only replica and shared modules.
+   So the two roles meet only in shared modules and in the facades, and no
+   module but a facade imports a facade.
+5. ``torchft_pg.process_group`` and its submodules never reach ``lighthouse``,
+   ``grpc``, ``torchft_pg.manager`` or ``torchft_pg.checkpointing`` (or their
+   submodules) at run time: neither directly nor through the torchft_pg
+   modules they import, followed transitively over edges that are not
+   type-only (a process group, e.g. a Baby child process, must not load them).
+
+Rules 1-4 count type-only edges too: they are about which way the code
+depends, and a type is a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FACADES = {"lighthouse", "lighthouse.__main__", "lighthouse.testing"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Edge:
+    """``importer`` imports ``target`` at ``line`` of its source."""
+
+    importer: str
+    target: str
+    line: int
+    type_only: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.importer} imports {self.target} (line {self.line})"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in ("lighthouse", "torchft_pg"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "_gen" not in path.relative_to(ROOT).parts:
+                found[_module_name(path)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    """``TYPE_CHECKING`` or ``typing.TYPE_CHECKING``."""
+    if isinstance(test, ast.Name):
+        return test.id == "TYPE_CHECKING"
+    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+
+
+def imports_of(source: str, module: str, is_package: bool, known: Iterable[str]) -> list[Edge]:
+    """The import edges of ``module`` (its ``source``), resolved as the docstring says."""
+    known = set(known)
+    package = module if is_package else module.rpartition(".")[0]
+    edges: list[Edge] = []
+
+    def visit(node: ast.AST, type_only: bool) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.body:
+                visit(child, True)
+            for child in node.orelse:
+                visit(child, type_only)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                edges.append(
+                    Edge(importer=module, target=alias.name, line=node.lineno, type_only=type_only)
+                )
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                name = sub if sub in known else target
+                edges.append(
+                    Edge(importer=module, target=name, line=node.lineno, type_only=type_only)
+                )
+        for inner in ast.iter_child_nodes(node):
+            visit(inner, type_only)
+
+    visit(ast.parse(source), False)
+    return list(dict.fromkeys(edges))  # one edge per target and line, in source order
+
+
+def _edges() -> list[Edge]:
+    out: list[Edge] = []
+    for name, path in MODULES.items():
+        out += imports_of(path.read_text(), name, path.name == "__init__.py", MODULES)
+    return out
+
+
+EDGES = _edges()
+
+
+def _under(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _role(name: str) -> str:
+    """``facade``, ``coordinator``, ``replica`` or ``shared`` for a lighthouse module."""
+    if name in FACADES:
+        return "facade"
+    if _under(name, "lighthouse.coordinator"):
+        return "coordinator"
+    if _under(name, "lighthouse.replica"):
+        return "replica"
+    return "shared"
+
+
+ALLOWED = {
+    "shared": {"shared"},
+    "coordinator": {"coordinator", "shared"},
+    "replica": {"replica", "shared"},
+}
+
+
+def test_the_layout_has_both_roles_and_the_shared_modules() -> None:
+    roles = {_role(m) for m in MODULES if _under(m, "lighthouse")}
+    assert roles == {"facade", "coordinator", "replica", "shared"}
+    for name in (
+        "lighthouse.coordinator.server",
+        "lighthouse.replica.server",
+        "lighthouse.replica.local",
+        "lighthouse.wire",
+        "torchft_pg.process_group.base",
+    ):
+        assert name in MODULES, name
+
+
+def test_edges_resolve_relative_and_from_imports() -> None:
+    known = {"pkg", "pkg.a", "pkg.sub", "pkg.sub.a", "pkg.sub.b"}
+    source = "from . import a\nfrom .a import thing\nfrom pkg import sub, Name\nimport x.y\n"
+    got = [(e.target, e.line) for e in imports_of(source, "pkg.sub.b", False, known)]
+    assert sorted(got) == [
+        ("pkg", 3),
+        ("pkg.sub", 3),
+        ("pkg.sub.a", 1),
+        ("pkg.sub.a", 2),
+        ("x.y", 4),
+    ]
+    inner = "def f():\n    from ..a import z\n"
+    assert [e.target for e in imports_of(inner, "pkg.sub", True, known)] == ["pkg.a"]
+    typed = "import typing\nif typing.TYPE_CHECKING:\n    import pkg.a\nelse:\n    import pkg\n"
+    got_typed = [(e.target, e.type_only) for e in imports_of(typed, "m", False, known)]
+    assert got_typed == [("typing", False), ("pkg.a", True), ("pkg", False)]
+
+
+def test_lighthouse_never_imports_torch_or_torchft_pg() -> None:
+    bad = [
+        str(e)
+        for e in EDGES
+        if _under(e.importer, "lighthouse") and _under(e.target, "torch", "torchft_pg")
+    ]
+    assert bad == []
+
+
+def test_lighthouse_roles_import_only_their_own_role_and_the_shared_modules() -> None:
+    bad = []
+    for e in EDGES:
+        if not (_under(e.importer, "lighthouse") and _under(e.target, "lighthouse")):
+            continue
+        role = _role(e.importer)
+        if role != "facade" and _role(e.target) not in ALLOWED[role]:
+            bad.append(f"{e} ({role} -> {_role(e.target)})")
+    assert bad == []
+
+
+FORBIDDEN_FOR_PG = ("lighthouse", "grpc", "torchft_pg.manager", "torchft_pg.checkpointing")
+
+
+def _reach(start: str, by_importer: dict[str, list[Edge]]) -> list[list[Edge]]:
+    """Import chains from ``start`` to a forbidden module, through torchft_pg modules."""
+    found: list[list[Edge]] = []
+    seen = {start}
+    frontier: list[tuple[str, list[Edge]]] = [(start, [])]
+    while frontier:
+        name, chain = frontier.pop()
+        for e in by_importer.get(name, []):
+            if e.type_only:
+                continue
+            if _under(e.target, *FORBIDDEN_FOR_PG):
+                found.append([*chain, e])
+            elif e.target in MODULES and e.target not in seen and _under(e.target, "torchft_pg"):
+                seen.add(e.target)
+                frontier.append((e.target, [*chain, e]))
+    return found
+
+
+def _process_group_reaches_forbidden() -> list[str]:
+    by_importer: dict[str, list[Edge]] = {}
+    for e in EDGES:
+        by_importer.setdefault(e.importer, []).append(e)
+    out = []
+    for name in sorted(MODULES):
+        if _under(name, "torchft_pg.process_group"):
+            out += [" -> ".join(map(str, chain)) for chain in _reach(name, by_importer)]
+    return out
+
+
+@pytest.mark.xfail(strict=True, reason="issue 12 item 4 in progress")
+def test_process_groups_never_reach_the_lighthouse_grpc_the_manager_or_checkpointing() -> None:
+    assert _process_group_reaches_forbidden() == []
