@@ -18,8 +18,11 @@ test:  ## the full CI suite: unit, integration and the short chaos plan
 test-slow:  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests
 
-lint:
-	$(PY) -m ruff check torchft_pg lighthouse tests bench examples
+LINTED = torchft_pg lighthouse tests bench examples
+
+lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs them
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
 
 bench:  ## every benchmark: tables plus one JSON line each (~5 min on 2 cores)

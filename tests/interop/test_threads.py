@@ -3,6 +3,7 @@ run this way): no group's store wait may hold up another's."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -59,8 +60,8 @@ def test_three_ranks_as_threads_then_two_on_a_fresh_prefix() -> None:
             pgs[rank].configure(f"{addr}/threads/2", new_rank, 2)
             return run_checks(pgs[rank], _members(new_rank, 2), only=KEY_CASES)
 
-        one = _in_threads([lambda r=r: first(r) for r in range(3)])
-        two = _in_threads([lambda r=r: second(r) for r in range(2)])
+        one = _in_threads([functools.partial(first, r) for r in range(3)])
+        two = _in_threads([functools.partial(second, r) for r in range(2)])
         for result in one + two:
             assert result == {name: "ok" for name in result} and len(result) == len(KEY_CASES)
         for pg in pgs:
@@ -82,7 +83,7 @@ def test_two_groups_configuring_at_once_on_one_store() -> None:
 
         for round_ in range(10):
             sums = _in_threads(
-                [lambda g=g, r=r, n=round_: member(g, r, n) for g in range(2) for r in range(2)]
+                [functools.partial(member, g, r, round_) for g in range(2) for r in range(2)]
             )
             assert sums == [3.0, 3.0, 23.0, 23.0], (round_, sums)
         for pair in groups:
