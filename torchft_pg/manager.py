@@ -12,6 +12,10 @@ PG, healing) turns this group's vote into no, the step is discarded
 everywhere and the next quorum rebuilds the group. When the lighthouse reports
 a dead peer, in-flight collectives are completed at once (their tensors left
 as they were) instead of waiting for the collective timeout.
+
+The Manager sequences the step; the rest lives beside it: who takes part and
+how votes count (`participation`, pure), moving state to a replica that is
+behind (`heal`), and routing the lighthouse's failure notices (`notices`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from enum import Enum
 from typing import Any, TypeVar
 
 import torch
@@ -33,7 +36,6 @@ from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import (
-    FailureNotice,
     ManagerClient,
     ManagerClientProtocol,
     ManagerQuorumRequest,
@@ -42,30 +44,26 @@ from lighthouse import (
 )
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
-from torchft_pg.errors import (
-    CommitFailedError,
-    ExceptionWithTraceback,
-    ProcessGroupError,
-    RecoveryError,
-)
+from torchft_pg.errors import CommitFailedError, ExceptionWithTraceback, RecoveryError
 from torchft_pg.futures import ProxyFuture
-from torchft_pg.healing import ReadGate, StateDictRegistry
+from torchft_pg.heal import Healer
 from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY, connect_replica_group
+from torchft_pg.notices import NoticeRouter, StepView
+from torchft_pg.participation import (
+    NOT_STARTED,
+    Participation,
+    WorldSizeMode,
+    local_vote,
+    participation,
+)
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.work import ManagedWork, completed_work
 
 __all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "Manager", "QuorumTimings", "WorldSizeMode"]
+# WorldSizeMode is defined in torchft_pg.participation and re-exported here (torchft's path).
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class WorldSizeMode(Enum):
-    """DYNAMIC: every up-to-date replica takes part. FIXED_WITH_SPARES: exactly
-    `min_replica_size` take part; the others are spares contributing zeros."""
-
-    DYNAMIC = 0
-    FIXED_WITH_SPARES = 1
 
 
 @dataclass(frozen=True)
@@ -143,11 +141,9 @@ class Manager:
         self._init_sync = init_sync
         self._max_retries = max_retries
         self._clock = clock
-        self._states = StateDictRegistry()
-        self._state_reads = ReadGate()
-        if load_state_dict is not None and state_dict is not None:
-            self._states.register("default", load_state_dict, state_dict)
-
+        # The group and the quorum id it is recorded under change together, under this lock.
+        self._pg_lock = threading.Lock()
+        self._notices = NoticeRouter(pg, self.report_error, self._step_view, self._pg_lock)
         self._server: ManagerServer | None = None
         self._client: ManagerClientProtocol | None = None  # set once connected
         self._subscription: Any = None
@@ -182,27 +178,24 @@ class Manager:
             self._group_world_size = world_size if world_size is not None else 1
             self.replica_id = replica_id or "replica"
             self._use_client(client)
-        self._transport: CheckpointTransport[Any] = checkpoint_transport or HTTPTransport(
-            timeout, advertise_host=hostname
+        self._healer = Healer(
+            checkpoint_transport or HTTPTransport(timeout, advertise_host=hostname),
+            self._connect_manager,
+            self._group_rank,
+            timeout,
         )
+        if load_state_dict is not None and state_dict is not None:
+            self._healer.states.register("default", load_state_dict, state_dict)
         self._quorum_future: ThreadFuture[None] | None = None
-        self._pg_lock = threading.Lock()
-        # (epoch, quorum id, members) of a configure in progress, for failure notices
-        self._configuring: tuple[str, int, frozenset[str]] | None = None
-        self._inflight: set[ProxyFuture[Any]] = set()
-        self._inflight_lock = threading.Lock()
-        self._early_notices: list[FailureNotice] = []  # arrived while a quorum was forming
 
         self._step = 0
         self._batches_committed = 0
         self._commit_failures = 0
         self._epoch = ""
         self._quorum_id = -1
-        self._participants: list[str] = []
-        self._participating_rank: int | None = None
-        self._participating_world_size = 0
+        self._participants: frozenset[str] = frozenset()
+        self._participation: Participation = NOT_STARTED
         self._healing = False
-        self._pending_user_state: dict[str, Any] | None = None
         self._errored: ExceptionWithTraceback | None = None
         self._last_start: float | None = None
         self._quorum_requested = 0.0
@@ -219,7 +212,7 @@ class Manager:
     def _use_client(self, client: ManagerClientProtocol) -> None:
         self._client = client
         self._subscription = client.subscribe_failures(
-            self._on_failure_notice, group_rank=self._group_rank, on_error=self._on_watch_error
+            self._notices.on_notice, group_rank=self._group_rank, on_error=self._on_watch_error
         )
 
     def _wait_connected(self) -> ManagerClientProtocol:
@@ -245,8 +238,7 @@ class Manager:
         self._last_start = now
         self._errored = None
         self._healing = False
-        with self._pg_lock:
-            self._early_notices = []  # left over only from a round that failed
+        self._notices.quorum_requested()
         timeout = timeout or self._quorum_timeout
         client = self._wait_connected()
         self._quorum_requested = time.perf_counter()
@@ -275,7 +267,7 @@ class Manager:
         return ManagerQuorumRequest(
             group_rank=self._group_rank,
             step=self._step,
-            checkpoint_metadata=self._transport.metadata(),
+            checkpoint_metadata=self._healer.transport.metadata(),
             timeout=timeout,
             shrink_only=shrink_only,
             init_sync=self._init_sync,
@@ -298,6 +290,7 @@ class Manager:
         try:
             result = pending.result()
         except BaseException as e:
+            self._notices.quorum_failed()
             done.set_exception(e)
             return
         steady = (result.epoch, result.quorum_id) == (self._epoch, self._quorum_id) and not (
@@ -308,13 +301,14 @@ class Manager:
             try:
                 self._finish_quorum(result, allow_heal, timeout)
             except BaseException as e:
+                self._notices.quorum_failed()
                 done.set_exception(e)
             else:
                 # Held notices take effect before the quorum is seen as taken, so a
                 # caller of wait_quorum() never sees a step the notice should fail.
                 # Under the lock: a notice arriving meanwhile is held, then applied.
                 with self._pg_lock:
-                    self._apply_early_notices_locked()
+                    self._notices.quorum_taken_locked()
                     done.set_result(None)
 
         if steady:
@@ -345,14 +339,12 @@ class Manager:
         """This step's ranks from `result`; on a new quorum, reconfigure the PG.
         Returns the seconds spent reconfiguring (0.0 for the same quorum), None
         if it failed (reported: this step votes no)."""
-        if self._use_async_quorum or not allow_heal:
-            rank, size = result.max_replica_rank, result.max_world_size
-        else:
-            rank, size = result.replica_rank, result.replica_world_size
-        if self._world_size_mode == WorldSizeMode.FIXED_WITH_SPARES:
-            size = min(size, self._min_replica_size)
-            rank = rank if rank is not None and rank < self._min_replica_size else None
-        self._participating_rank, self._participating_world_size = rank, size
+        self._participation = participation(
+            result,
+            heals_in_background=self._use_async_quorum or not allow_heal,
+            mode=self._world_size_mode,
+            min_replica_size=self._min_replica_size,
+        )
 
         if (result.epoch, result.quorum_id) != (self._epoch, self._quorum_id):
             addr = f"{result.store_address}/torchft/{result.epoch}/{result.quorum_id}/{self._group_rank}"
@@ -365,43 +357,30 @@ class Manager:
                 result.replica_ids,
                 addr,
             )
-            self._configuring = (result.epoch, result.quorum_id, frozenset(result.replica_ids))
+            members = frozenset(result.replica_ids)
             start = time.perf_counter()
             try:
-                with self._pg_lock:  # the group and the id it is recorded under change together
+                with (
+                    self._notices.configuring(result.epoch, result.quorum_id, members),
+                    self._pg_lock,
+                ):
                     self._pg.configure(addr, result.replica_rank, result.replica_world_size)
                     self._epoch, self._quorum_id = result.epoch, result.quorum_id
-                    self._participants = list(result.replica_ids)
+                    self._participants = members
             except Exception as e:
                 self.report_error(e)
                 return None
-            finally:
-                self._configuring = None
             return time.perf_counter() - start
         return 0.0
 
     def _heal(self, result: QuorumResult, timeout: timedelta) -> None:
         try:
             if result.recover_dst_replica_ranks:
-                with self._state_reads.reading(self._timeout.total_seconds()):
-                    self._transport.send_checkpoint(
-                        result.recover_dst_replica_ranks,
-                        result.max_step,
-                        self._states.payload(self._counters()),
-                        self._timeout,
-                    )
+                self._healer.send(result, self._counters())
             if result.heal:
                 self._healing = True
                 start = time.perf_counter()
-                metadata = result.recover_src_checkpoint_metadata or self._ask_metadata(
-                    result.recover_src_manager_address
-                )
-                assert result.recover_src_replica_rank is not None
-                payload = self._transport.recv_checkpoint(
-                    result.recover_src_replica_rank, metadata, result.max_step, self._timeout
-                )
-                self._pending_user_state = payload["user"]
-                self.load_state_dict(payload["torchft"])
+                self.load_state_dict(self._healer.receive(result))
                 logger.info(
                     "%s healed to step %d from replica rank %s in %.3f s",
                     self._tag(),
@@ -412,20 +391,10 @@ class Manager:
         except Exception as e:
             self.report_error(RecoveryError(f"healing at step {result.max_step} failed: {e}"))
 
-    def _ask_metadata(self, address: str) -> str:
-        """The healing source's checkpoint metadata for our rank, from its manager
-        server (when the quorum did not carry it)."""
-        source = self._connect_manager(address)
-        try:
-            return source.checkpoint_metadata(self._group_rank, self._timeout)
-        finally:
-            source.close()
-
     def _apply_pending_state(self) -> None:
-        state, self._pending_user_state = self._pending_user_state, None
-        if state is not None:
+        if self._healer.has_pending():
             try:
-                self._states.apply(state)
+                self._healer.apply_pending()
             except Exception as e:
                 self.report_error(RecoveryError(f"applying the healed state failed: {e}"))
             self._healing = False
@@ -471,17 +440,11 @@ class Manager:
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
             source, tensor, self.report_error, self._timeout, finish
         )
-        with self._inflight_lock:
-            self._inflight.add(proxy)
-        proxy.future.add_done_callback(lambda _: self._forget(proxy))
+        self._notices.track(proxy)
         errored = self._errored
         if errored is not None:  # a failure notice raced with our submit
             proxy.abort(errored.original_exception)
         return ManagedWork(proxy)
-
-    def _forget(self, proxy: ProxyFuture[Any]) -> None:
-        with self._inflight_lock:
-            self._inflight.discard(proxy)
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         """Vote on this step with every rank of the group; True means apply it.
@@ -497,13 +460,17 @@ class Manager:
         if pg_error is not None:
             self.report_error(pg_error)
         self._apply_pending_state()
-        participants = self._participating_world_size if self._errored is None else 0
-        vote = self._errored is None and participants >= self._min_replica_size
+        participants = self._participation.world_size if self._errored is None else 0
+        vote = local_vote(
+            failed=self._errored is not None,
+            participants=participants,
+            min_replica_size=self._min_replica_size,
+        )
         client = self._wait_connected()
         decision = client.should_commit(
             self._group_rank, self._step, vote, timeout or self._timeout
         )
-        self._transport.disallow_checkpoint()
+        self._healer.transport.disallow_checkpoint()
         if decision:
             self._step += 1
             self._batches_committed += participants
@@ -548,55 +515,14 @@ class Manager:
         """`fut`, but an error or timeout yields `default` and is reported instead."""
         return ProxyFuture(fut, default, self.report_error, timeout or self._timeout).future
 
-    def _on_failure_notice(self, notice: FailureNotice) -> None:
-        """A peer of `notice`'s quorum died, or (a notice with a step) a recalled
-        quorum lease stranded that step: fail this step's collectives on it now.
-
-        Only a step running collectives on that quorum is affected. A notice
-        arriving while this step's quorum is being formed waits for it: a step
-        answered from a lease keeps the quorum id, so the notice may concern
-        it; after a lighthouse round the id is new and the notice is dropped.
-        """
-        configuring = self._configuring
-        if configuring is not None and (notice.epoch, notice.quorum_id) == configuring[:2]:
-            dead_members = set(notice.dead_replica_ids) & configuring[2]
-            if dead_members:  # fail the rendezvous now instead of at its timeout
-                self._pg.interrupt_configure(
-                    f"replica(s) {sorted(dead_members)} died: {notice.reason}"
-                )
-                return
-        with self._pg_lock:
-            quorum = self._quorum_future
-            if quorum is None or not quorum.done():
-                self._early_notices.append(notice)
-            else:
-                self._apply_notice(notice)
-
-    def _apply_early_notices_locked(self) -> None:
-        """Apply the notices held while the quorum formed (caller holds `_pg_lock`)."""
-        notices, self._early_notices = self._early_notices, []
-        for notice in notices:
-            self._apply_notice(notice)
-
-    def _apply_notice(self, notice: FailureNotice) -> None:
-        """Fail this step's collectives if `notice` concerns them (caller holds `_pg_lock`)."""
-        if (notice.epoch, notice.quorum_id) != (self._epoch, self._quorum_id):
-            return
-        if notice.step is not None and notice.step != self._step:
-            return  # about a step this rank already finished (or has not begun)
-        dead = set(notice.dead_replica_ids) & set(self._participants)
-        if not dead:
-            return
-        what = "died" if notice.step is None else f"left the lease at step {notice.step}"
-        error = ProcessGroupError(
-            f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
+    def _step_view(self) -> StepView:
+        """What failure notices are compared with (read under `_pg_lock`)."""
+        return StepView(
+            epoch=self._epoch,
+            quorum_id=self._quorum_id,
+            participants=self._participants,
+            step=self._step,
         )
-        self.report_error(error)
-        with self._inflight_lock:
-            inflight = list(self._inflight)
-        for proxy in inflight:
-            proxy.abort(error)
-        self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
 
     def _on_watch_error(self, e: Exception) -> None:
         logger.warning("%s failure-notice stream broke: %s", self._tag(), e)
@@ -615,12 +541,12 @@ class Manager:
     def num_participants(self) -> int:
         if self._quorum_future is not None:
             self.wait_quorum()
-        return self._participating_world_size
+        return self._participation.world_size
 
     def participating_rank(self) -> int | None:
         if self._quorum_future is not None:
             self.wait_quorum()
-        return self._participating_rank
+        return self._participation.rank
 
     def is_participating(self) -> bool:
         return self.participating_rank() is not None and not self._healing
@@ -633,13 +559,13 @@ class Manager:
         self, key: str, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]
     ) -> None:
         """Register user state (model, optimizer, …) that healing transfers under `key`."""
-        self._states.register(key, load_state_dict, state_dict)
+        self._healer.states.register(key, load_state_dict, state_dict)
 
     def set_state_dict_fns(
         self, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]
     ) -> None:
         """Deprecated torchft spelling of ``register_state_dict_fn("default", ...)``."""
-        self._states.register("default", load_state_dict, state_dict)
+        self._healer.states.register("default", load_state_dict, state_dict)
 
     def disallow_state_dict_read(self) -> None:
         """Keep heal sends off the registered state until `allow_state_dict_read`.
@@ -649,11 +575,11 @@ class Manager:
         reading it now; a send that starts meanwhile waits up to `timeout`, then
         fails its heal. Idempotent.
         """
-        self._state_reads.disallow()
+        self._healer.reads.disallow()
 
     def allow_state_dict_read(self) -> None:
         """Let heal sends read the registered state again. Idempotent."""
-        self._state_reads.allow()
+        self._healer.reads.allow()
 
     def _counters(self) -> dict[str, int]:
         return {"step": self._step, "batches_committed": self._batches_committed}
@@ -681,7 +607,7 @@ class Manager:
         if self._subscription is not None:
             self._subscription.cancel()
         self._executor.shutdown(wait=wait)
-        self._transport.shutdown(wait=wait)
+        self._healer.shutdown(wait=wait)
         self._pg.shutdown()
         if self._server is not None:
             self._server.shutdown()

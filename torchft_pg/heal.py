@@ -1,8 +1,10 @@
-"""What a replica serves to, and loads from, a peer when one of them heals.
+"""Heal: bring a replica that is behind up to the quorum's step from an up-to-date one.
 
 The payload is ``{"user": {key: save()}, "torchft": {"step", "batches_committed"}}``:
 every registered user state (model, optimizer, …) plus the Manager's own
 counters, so a healed replica resumes at exactly the sender's committed step.
+`Healer` moves it with a checkpoint transport (torchft's name for the
+mechanism); the received user state is applied just before the commit vote.
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
+from lighthouse import ManagerClientProtocol, QuorumResult
+from torchft_pg.checkpointing import CheckpointTransport
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["ReadGate", "StateDictRegistry"]
+__all__ = ["Healer", "ReadGate", "StateDictRegistry"]
 
 
 class ReadGate:
@@ -98,3 +103,71 @@ class StateDictRegistry:
             )
         for key, (load, _) in self._fns.items():
             load(user_state[key])
+
+
+class Healer:
+    """One rank's side of healing: serve its state to healers, or receive it.
+
+    `timeout` bounds each transfer and the wait for state reads to be allowed;
+    `connect_manager` opens a client of a source's manager server (to ask its
+    heal metadata when the quorum did not carry it).
+    """
+
+    def __init__(
+        self,
+        transport: CheckpointTransport[Any],
+        connect_manager: Callable[[str], ManagerClientProtocol],
+        group_rank: int,
+        timeout: timedelta,
+    ) -> None:
+        self.transport = transport
+        self.states = StateDictRegistry()
+        self.reads = ReadGate()
+        self._connect_manager = connect_manager
+        self._group_rank = group_rank
+        self._timeout = timeout
+        self._pending: dict[str, Any] | None = None  # received user state, not yet applied
+
+    def send(self, result: QuorumResult, counters: dict[str, int]) -> None:
+        """Serve this replica's state at `result.max_step` to the replicas healing from it."""
+        with self.reads.reading(self._timeout.total_seconds()):
+            self.transport.send_checkpoint(
+                result.recover_dst_replica_ranks,
+                result.max_step,
+                self.states.payload(counters),
+                self._timeout,
+            )
+
+    def receive(self, result: QuorumResult) -> dict[str, int]:
+        """Fetch the source's state for `result.max_step`; keep its user part for
+        `apply_pending` and return the Manager counters it carried."""
+        metadata = result.recover_src_checkpoint_metadata or self._ask_metadata(
+            result.recover_src_manager_address
+        )
+        if result.recover_src_replica_rank is None:
+            raise RecoveryError(f"the quorum names no heal source for step {result.max_step}")
+        payload = self.transport.recv_checkpoint(
+            result.recover_src_replica_rank, metadata, result.max_step, self._timeout
+        )
+        self._pending = payload["user"]
+        counters: dict[str, int] = payload["torchft"]
+        return counters
+
+    def _ask_metadata(self, address: str) -> str:
+        source = self._connect_manager(address)
+        try:
+            return source.checkpoint_metadata(self._group_rank, self._timeout)
+        finally:
+            source.close()
+
+    def has_pending(self) -> bool:
+        return self._pending is not None
+
+    def apply_pending(self) -> None:
+        """Load the received user state through the registered load functions."""
+        state, self._pending = self._pending, None
+        if state is not None:
+            self.states.apply(state)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.transport.shutdown(wait=wait)
