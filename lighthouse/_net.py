@@ -41,7 +41,7 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
 
 
 def normalize_address(addr: str) -> str:
-    """Accept ``host:port`` and the peer's ``http://host:port``; return ``host:port``."""
+    """Accept ``host:port`` and torchft's ``http://host:port``; return ``host:port``."""
     for prefix in ("http://", "grpc://"):
         if addr.startswith(prefix):
             addr = addr[len(prefix) :]

@@ -1,6 +1,6 @@
 """Clocks: the lighthouse's logic takes ``now`` (seconds) from one of these.
 
-Tests move a ``FakeClock`` forward instead of sleeping (house rule 2).
+Tests move a ``FakeClock`` forward instead of sleeping: no test synchronises on a sleep.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Input checks shared by the servers and clients. Each raises ``ValueError``
 (``TypeError`` for a value of the wrong type) that names the field, what was
-expected and what arrived (house rule 3)."""
+expected and what arrived."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The quorum rules: a mutable ``QuorumState`` and the pure ``decide_quorum``.
 
-Rules (kept from the peer, see DESIGN.md and the behaviour reference §3.2):
+Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
 
 1. **Fast quorum**: once every member of the previous quorum has asked again,
    issue at once, admitting joiners that already asked (``shrink_only`` keeps
@@ -9,7 +9,7 @@ Rules (kept from the peer, see DESIGN.md and the behaviour reference §3.2):
 3. a strict majority of all live replicas (split-brain guard),
 4. and wait up to ``join_timeout_s`` (from the earliest pending ask) for live
    replicas that have not asked yet; then issue.
-5. Beyond the peer, on every path: never issue a quorum whose highest step is
+5. On every path: never issue a quorum whose highest step is
    below the last step a live replica outside it reported. Such a quorum
    would commit steps again from an older state, and those commits would be
    overwritten when the replica that is ahead heals everyone (a split history:
@@ -18,7 +18,7 @@ Rules (kept from the peer, see DESIGN.md and the behaviour reference §3.2):
    being live and the quorum proceeds.
 
 The quorum id changes only when the membership changes or a member reports
-commit failures. Fixes over the peer: a cancelled request is withdrawn (it can
+commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
 never be put into a quorum nobody receives), a replica whose liveness stream
 closes is forgotten at once, long-silent replicas are pruned, and every
 operation is O(1) except issuing (O(N log N) to sort the members) and the

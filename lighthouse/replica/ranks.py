@@ -1,6 +1,6 @@
 """Pure: from a quorum to one group rank's ``QuorumResult`` (ranks, store, who heals).
 
-Rules (the peer's, behaviour reference §4.3):
+Rules (the same as torchft's manager server, so mixed jobs agree):
 
 - replica rank / world size: index among participants sorted by replica id;
 - max step, the participants at it (``max_replica_rank``, ``max_world_size``);

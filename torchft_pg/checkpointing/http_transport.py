@@ -18,7 +18,7 @@ connections. DTensors travel as their local shards (see `serialization`).
 `send_checkpoint` serves a state dict for a step; `disallow_checkpoint` stops
 serving; `allow_checkpoint(step)` serves the last sent state dict again.
 
-The advertised address is configurable: the peer advertised
+The advertised address is configurable: torchft advertised
 `socket.gethostname()`, which resolved to the wrong network on multi-fabric
 clusters. Pass `advertise_host` (the address of the NIC heals should use).
 """
