@@ -43,13 +43,13 @@ def check_collectives(
     def allreduce_opts() -> None:
         t = full(rank + 1)
         opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.SUM
+        opts.reduceOp = ReduceOp(ReduceOp.SUM)
         pg.allreduce([t], opts).wait()
         _eq("allreduce", t, torch.full((4,), float(total)))
 
     def allreduce_bare_op() -> None:
         t = full(rank + 1)
-        pg.allreduce([t], ReduceOp.MAX).wait()
+        pg.allreduce([t], ReduceOp.MAX).wait()  # type: ignore[arg-type]  # the bare-op form c10d's stubs omit
         _eq("allreduce(MAX)", t, torch.full((4,), float(world)))
 
     def allreduce_coalesced() -> None:

@@ -16,6 +16,7 @@ from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from lighthouse import FailureNotice, ManagerQuorumRequest, QuorumResult
+from torchft_pg.checkpointing import CheckpointTransport
 from torchft_pg.manager import Manager
 from torchft_pg.process_group import ProcessGroupDummy
 from torchft_pg.work import completed_work
@@ -148,7 +149,7 @@ class AsyncFakeClient(FakeClient):
         return self._answer_on_thread(request, "fake-server-loop")
 
 
-class FakeTransport:
+class FakeTransport(CheckpointTransport[Any]):
     def __init__(self, payload: dict[str, Any] | None = None) -> None:
         self.payload = payload
         self.sent: list[tuple[list[int], int, dict[str, Any]]] = []
@@ -209,7 +210,7 @@ class SumGroup(ProcessGroupDummy):
         self.configure_threads.append(threading.current_thread().name)
         self._world = world_size
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         if self.hold:
             fut: Future[Any] = Future()
             self.pending.append(fut)
@@ -218,7 +219,7 @@ class SumGroup(ProcessGroupDummy):
             t.mul_(self._world)
         return completed_work(tensors)
 
-    def abort(self) -> None:
+    def abort(self, errored: bool = True) -> None:
         self.aborted += 1
 
 

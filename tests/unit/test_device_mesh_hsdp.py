@@ -123,7 +123,9 @@ class OneReplicaManager:
         self.pg = ProcessGroupDummy(0, 1)
         self.allreduced: list[torch.Size] = []
 
-    def allreduce(self, tensor: torch.Tensor, reduce_op: Any = None) -> Any:
+    def allreduce(
+        self, tensor: torch.Tensor, should_quantize: bool = False, reduce_op: Any = None
+    ) -> Any:
         self.allreduced.append(tensor.shape)
         return completed_work(tensor)
 

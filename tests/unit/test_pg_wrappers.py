@@ -23,7 +23,7 @@ class FailingGroup(ProcessGroupDummy):
         self.fail_async: Exception | None = None
         self.calls = 0
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         self.calls += 1
         if self.fail_sync is not None:
             raise self.fail_sync
@@ -33,7 +33,7 @@ class FailingGroup(ProcessGroupDummy):
             t.mul_(self.size())
         return completed_work(tensors)
 
-    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:
+    def broadcast(self, tensor_list: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         self.calls += 1
         if self.fail_sync is not None:
             raise self.fail_sync
@@ -100,7 +100,9 @@ class FakeManager:
         self.errors: list[Exception] = []
         self.allreduce_calls: list[tuple[torch.Tensor, Any]] = []
 
-    def allreduce(self, tensor: torch.Tensor, reduce_op: Any = ReduceOp.AVG) -> Work:
+    def allreduce(
+        self, tensor: torch.Tensor, should_quantize: bool = False, reduce_op: Any = ReduceOp.AVG
+    ) -> Work:
         self.allreduce_calls.append((tensor, reduce_op))
         tensor.add_(100)
         return completed_work([tensor])
@@ -124,7 +126,7 @@ def test_managed_group_routes_allreduce_through_manager_and_reports_errors() -> 
     pg = ManagedProcessGroup(manager)
     assert pg.size() == 2 and pg.rank() == 1
     t = torch.zeros(1)
-    pg.allreduce([t], ReduceOp.SUM).wait()
+    pg.allreduce([t], ReduceOp(ReduceOp.SUM)).wait()
     assert t.item() == 100.0 and manager.allreduce_calls[0][1] == ReduceOp.SUM
 
     inner.fail_sync = RuntimeError("broadcast broke")
