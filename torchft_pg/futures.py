@@ -85,8 +85,18 @@ class Watchdog:
                 if handle in self._cancelled:
                     self._cancelled.discard(handle)
                     continue
-            with contextlib.suppress(Exception):  # a callback's failure must not stop the watchdog
-                callback()
+            # Each due callback runs on a thread of its own: one that blocks (a user's
+            # context_timeout callback stuck in an abort) must not stop every later
+            # deadline in the process, the Manager's collective timeouts among them.
+            # Only deadlines that expire get here; most are cancelled before.
+            threading.Thread(
+                target=_run_callback, args=(callback,), name="torchft_pg-deadline", daemon=True
+            ).start()
+
+
+def _run_callback(callback: Callable[[], None]) -> None:
+    with contextlib.suppress(Exception):  # a callback's failure concerns only its own deadline
+        callback()
 
 
 watchdog = Watchdog()

@@ -588,9 +588,10 @@ class Manager:
         """The Manager's own state; checkpoint it with the model."""
         return self._counters()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._step = int(state["step"])
-        self._batches_committed = int(state["batches_committed"])
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Restore the counters `state_dict()` returned (torchft's argument name)."""
+        self._step = int(state_dict["step"])
+        self._batches_committed = int(state_dict["batches_committed"])
 
     def last_quorum_timings(self) -> QuorumTimings | None:
         """Where the last finished `start_quorum` spent its time (None before one)."""

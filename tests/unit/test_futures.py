@@ -68,3 +68,22 @@ def test_bad_timeouts_are_refused_naming_the_value() -> None:
         future_timeout(Future(), 5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="timedelta"):
         stream_timeout(lambda: None, 1.0)  # type: ignore[arg-type]
+
+
+def test_a_stuck_callback_does_not_stop_later_deadlines() -> None:
+    stuck, release, later = threading.Event(), threading.Event(), threading.Event()
+
+    def block() -> None:
+        stuck.set()
+        release.wait(10.0)
+
+    with context_timeout(block, SHORT):
+        assert stuck.wait(5.0)
+    try:
+        out = future_timeout(Future(), SHORT)  # due while `block` still runs
+        out.add_done_callback(lambda _: later.set())
+        assert later.wait(5.0)
+        with pytest.raises(TimeoutError):
+            out.wait()
+    finally:
+        release.set()
