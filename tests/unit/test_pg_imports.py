@@ -1,0 +1,131 @@
+"""What importing the package and its process groups loads, in a fresh interpreter.
+
+A Baby group's child process imports ``torchft_pg.process_group`` at start-up
+(``python -m torchft_pg.process_group._baby_worker``); it must not pay for the
+Manager, grpc or the lighthouse servers. ``import torchft_pg`` alone loads
+nothing: public names are imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import torchft_pg
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBPROCESS_TIMEOUT_S = 120  # a cold `import torch` can take tens of seconds
+
+# The public names of the package root, as they were when it imported eagerly.
+PUBLIC = [
+    "DistributedDataParallel",
+    "ErrorSwallowingProcessGroupWrapper",
+    "FaultToleranceError",
+    "ManagedProcessGroup",
+    "Manager",
+    "NotConfiguredError",
+    "Optimizer",
+    "OptimizerWrapper",
+    "ProcessGroup",
+    "ProcessGroupAbortedError",
+    "ProcessGroupBaby",
+    "ProcessGroupBabyGloo",
+    "ProcessGroupBabyNCCL",
+    "ProcessGroupDummy",
+    "ProcessGroupError",
+    "ProcessGroupGloo",
+    "ProcessGroupNCCL",
+    "ProcessGroupTimeoutError",
+    "ProcessGroupWrapper",
+    "WorldSizeMode",
+    "create_store_client",
+    "extend_device_mesh",
+    "ft_init_device_mesh",
+]
+
+CONTROL_PLANE = ("grpc", "lighthouse", "torchft_pg.manager", "torchft_pg.checkpointing")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    """The modules a fresh interpreter has loaded after running `statement`."""
+    code = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+        check=True,
+    )
+    return list(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _under(modules: list[str], *prefixes: str) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes)]
+
+
+def test_importing_the_package_loads_nothing_else() -> None:
+    loaded = _loaded_after("import torchft_pg")
+    assert _under(loaded, *CONTROL_PLANE, "torch") == []
+    assert _under(loaded, "torchft_pg") == ["torchft_pg"]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import torchft_pg.process_group",
+        "import torchft_pg.process_group._baby_worker",  # what a Baby child runs
+    ],
+)
+def test_process_groups_do_not_load_the_manager(statement: str) -> None:
+    loaded = _loaded_after(statement)
+    assert _under(loaded, "torchft_pg.manager", "torchft_pg.checkpointing") == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="torchft_pg.errors roots the exception tree in lighthouse.errors, and importing "
+    "lighthouse.errors runs lighthouse/__init__.py (gRPC servers); the root must move out "
+    "of the lighthouse package first",
+)
+@pytest.mark.parametrize(
+    "statement",
+    ["import torchft_pg.process_group", "import torchft_pg.process_group._baby_worker"],
+)
+def test_process_groups_do_not_load_grpc_or_the_lighthouse(statement: str) -> None:
+    loaded = _loaded_after(statement)
+    assert _under(loaded, "grpc", "lighthouse") == []
+
+
+def test_public_names_resolve_on_first_use_and_are_the_modules_own() -> None:
+    from torchft_pg import Manager, ProcessGroupBabyGloo, ProcessGroupGloo
+    from torchft_pg.manager import Manager as ManagerItself
+    from torchft_pg.optim import OptimizerWrapper
+    from torchft_pg.process_group import ProcessGroupBabyGloo as BabyItself
+    from torchft_pg.process_group import ProcessGroupGloo as GlooItself
+
+    assert Manager is ManagerItself
+    assert ProcessGroupGloo is GlooItself and ProcessGroupBabyGloo is BabyItself
+    assert torchft_pg.Optimizer is torchft_pg.OptimizerWrapper is OptimizerWrapper
+    for name in PUBLIC:
+        assert getattr(torchft_pg, name) is not None, name
+
+
+def test_all_and_dir_list_the_public_names() -> None:
+    assert torchft_pg.__all__ == PUBLIC
+    assert set(PUBLIC) <= set(dir(torchft_pg))
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchThing'"):
+        torchft_pg.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(ImportError):
+        from torchft_pg import NoSuchThing  # type: ignore[attr-defined]  # noqa: F401
