@@ -34,38 +34,66 @@ _ADDRESS = re.compile(
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StoreAddress:
-    """A parsed store address: the TCPStore server and the key prefix inside it."""
+    """A parsed store address: the TCPStore server (`host`, `port`) and the key
+    `prefix` inside it. `host` is bare (an IPv6 literal without brackets).
+
+    Parse text once with `StoreAddress.parse` (or `parse_store_address`) and
+    pass this object on: every user of an address reads these fields instead
+    of splitting the string again.
+    """
 
     host: str
     port: int
-    prefix: str
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host or "/" in self.host:
+            raise ValueError(
+                f"store host must be a non-empty name or IP literal, got {self.host!r}"
+            )
+        if isinstance(self.port, bool) or not isinstance(self.port, int):
+            raise TypeError(f"store port must be an int, got {self.port!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"store port must be in [1, 65535], got {self.port}")
+        if not isinstance(self.prefix, str):
+            raise TypeError(f"store prefix must be a str, got {self.prefix!r}")
+
+    @classmethod
+    def parse(cls, store_addr: str) -> StoreAddress:
+        """Parse ``host:port/prefix`` (``[::1]:29500/p`` for IPv6 literals).
+
+        A bare IPv6 address must be bracketed, because its colons would be
+        ambiguous with the port separator. Raises TypeError for a non-string
+        and ValueError naming the address otherwise.
+        """
+        if not isinstance(store_addr, str):
+            raise TypeError(f"store address must be a str 'host:port/prefix', got {store_addr!r}")
+        match = _ADDRESS.match(store_addr.strip())
+        if match is None:
+            raise ValueError(
+                "store address must be 'host:port/prefix' (IPv6 as '[::1]:port/prefix'), "
+                f"got {store_addr!r}"
+            )
+        port = int(match["port"])
+        if not 0 < port < 65536:
+            raise ValueError(
+                f"store address port must be in [1, 65535], got {port} in {store_addr!r}"
+            )
+        host = match["v6"] or match["host"]
+        return cls(host=host, port=port, prefix=match["prefix"] or "")
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}/{self.prefix}"
 
 
-def parse_store_address(store_addr: str) -> StoreAddress:
-    """Parse ``host:port/prefix`` (``[::1]:29500/p`` for IPv6 literals).
-
-    A bare IPv6 address must be bracketed, because its colons would be ambiguous
-    with the port separator. Raises ValueError naming the address otherwise.
-    """
-    if not isinstance(store_addr, str):
-        raise TypeError(f"store address must be a str 'host:port/prefix', got {store_addr!r}")
-    match = _ADDRESS.match(store_addr.strip())
-    if match is None:
-        raise ValueError(
-            f"store address must be 'host:port/prefix' (IPv6 as '[::1]:port/prefix'), "
-            f"got {store_addr!r}"
-        )
-    port = int(match["port"])
-    if not 0 < port < 65536:
-        raise ValueError(f"store address port must be in [1, 65535], got {port} in {store_addr!r}")
-    host = match["v6"] or match["host"]
-    return StoreAddress(host=host, port=port, prefix=match["prefix"] or "")
+def parse_store_address(store_addr: str | StoreAddress) -> StoreAddress:
+    """`StoreAddress.parse`, passing an already parsed address through unchanged."""
+    if isinstance(store_addr, StoreAddress):
+        return store_addr
+    return StoreAddress.parse(store_addr)
 
 
 class _ClientPool:
@@ -138,15 +166,22 @@ class StoreLease:
             _POOL.release(self.address.host, self.address.port, client)
 
 
-def lease_store_client(store_addr: str, timeout: timedelta = _DEFAULT_TIMEOUT) -> StoreLease:
-    """Borrow a store client for ``host:port/prefix`` (see `_ClientPool` for why)."""
+def lease_store_client(
+    store_addr: str | StoreAddress, timeout: timedelta = _DEFAULT_TIMEOUT
+) -> StoreLease:
+    """Borrow a store client for ``host:port/prefix`` (see `_ClientPool` for why).
+
+    `timeout` bounds the connect and every store operation.
+    """
     addr = parse_store_address(store_addr)
     if timeout <= timedelta(0):
         raise ValueError(f"timeout must be positive, got {timeout}")
     return StoreLease(addr, _POOL.acquire(addr.host, addr.port, timeout))
 
 
-def create_store_client(store_addr: str, timeout: timedelta = _DEFAULT_TIMEOUT) -> Store:
+def create_store_client(
+    store_addr: str | StoreAddress, timeout: timedelta = _DEFAULT_TIMEOUT
+) -> Store:
     """Return ``PrefixStore(prefix, TCPStore client)`` for a ``host:port/prefix`` address.
 
     The client is the caller's alone. `timeout` bounds the connect and every

@@ -28,7 +28,7 @@ from torch._C._distributed_c10d import (
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 
 from torchft_pg.process_group import _c10d_tables
-from torchft_pg.store import parse_store_address
+from torchft_pg.store import StoreAddress
 
 __all__ = [
     "ConfigureArgs",
@@ -37,12 +37,22 @@ __all__ = [
     "parse_configure_args",
     "resolve_global_ranks",
     "validate_configure_args",
+    "validate_rank_and_size",
 ]
 
 
-def validate_configure_args(store_addr: str, rank: object, world_size: object) -> None:
-    """Raise ValueError/TypeError naming the bad value of a `configure` call."""
-    parse_store_address(store_addr)
+def validate_configure_args(store_addr: str, rank: object, world_size: object) -> StoreAddress:
+    """Check a `configure` call's arguments; return the parsed store address.
+
+    Raises ValueError/TypeError naming the bad value.
+    """
+    address = StoreAddress.parse(store_addr)
+    validate_rank_and_size(rank, world_size)
+    return address
+
+
+def validate_rank_and_size(rank: object, world_size: object) -> None:
+    """Raise ValueError/TypeError naming a bad `rank` or `world_size`."""
     for name, value in (("rank", rank), ("world_size", world_size)):
         if isinstance(value, bool) or not isinstance(value, int):
             hint = ""
@@ -58,9 +68,14 @@ def validate_configure_args(store_addr: str, rank: object, world_size: object) -
 
 @dataclass(frozen=True, kw_only=True)
 class ConfigureArgs:
-    """One `configure` call, in either of the two accepted forms (see `parse_configure_args`)."""
+    """One `configure` call, in either of the two accepted forms (see `parse_configure_args`).
+
+    `address` is `store_addr` parsed, or None when the address was not checked
+    (a group that never uses it).
+    """
 
     store_addr: str
+    address: StoreAddress | None
     rank: int
     world_size: int
     replica_id: str | None = None
@@ -102,10 +117,11 @@ def parse_configure_args(
     if missing:
         raise TypeError(f"configure() is missing {', '.join(missing)}")
     store_addr, rank, world_size = values["store_addr"], values["rank"], values["world_size"]
+    address = None
     if check_address:
-        validate_configure_args(store_addr, rank, world_size)
+        address = validate_configure_args(store_addr, rank, world_size)
     else:
-        validate_configure_args("localhost:1/unused", rank, world_size)
+        validate_rank_and_size(rank, world_size)
     replica_id = values.get("replica_id")
     if replica_id is not None and not isinstance(replica_id, str):
         raise TypeError(f"replica_id must be a str or None, got {replica_id!r}")
@@ -119,6 +135,7 @@ def parse_configure_args(
             )
     return ConfigureArgs(
         store_addr=store_addr,
+        address=address,
         rank=rank,
         world_size=world_size,
         replica_id=replica_id,

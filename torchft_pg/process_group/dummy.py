@@ -24,7 +24,7 @@ from torchft_pg.process_group.base import (
     ProcessGroup,
     own_global_rank,
     parse_configure_args,
-    validate_configure_args,
+    validate_rank_and_size,
 )
 from torchft_pg.work import completed_work
 
@@ -38,7 +38,7 @@ class ProcessGroupDummy(ProcessGroup):
 
     def __init__(self, rank: int = 0, world: int = 1) -> None:
         super().__init__()
-        validate_configure_args("localhost:1/dummy", rank, world)
+        validate_rank_and_size(rank, world)
         self._rank = rank
         self._world = world
         self.configure_count = 0

@@ -47,7 +47,7 @@ from torchft_pg.process_group.base import (
     parse_configure_args,
     resolve_global_ranks,
 )
-from torchft_pg.store import StoreLease, lease_store_client
+from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
 from torchft_pg.work import completed_work
 
 __all__ = ["ProcessGroupWrapper"]
@@ -87,13 +87,13 @@ class ProcessGroupWrapper(ProcessGroup):
         """Build the inner backend for one configuration (a c10d Backend or PG)."""
         raise NotImplementedError(f"{type(self).__name__} must implement _create_pg")
 
-    def _create_pg_at(self, store_addr: str, rank: int, world_size: int) -> Any:
-        """Build the inner backend for the group at `store_addr` (default: via a store client).
+    def _create_pg_at(self, address: StoreAddress, rank: int, world_size: int) -> Any:
+        """Build the inner backend for the group at `address` (default: via a store client).
 
         The store client is lent to this backend for its lifetime (see
         `torchft_pg.store`) and returned when it is retired.
         """
-        lease = self._meet_at(store_addr, rank, world_size)
+        lease = self._meet_at(address, rank, world_size)
         try:
             backend = self._create_pg(lease.store, rank, world_size)
         except BaseException:
@@ -102,12 +102,12 @@ class ProcessGroupWrapper(ProcessGroup):
         self._store_lease = lease
         return backend
 
-    def _meet_at(self, store_addr: str, rank: int, world_size: int) -> StoreLease:
-        """Borrow a store client for `store_addr` and meet every member there.
+    def _meet_at(self, address: StoreAddress, rank: int, world_size: int) -> StoreLease:
+        """Borrow a store client for `address` and meet every member there.
 
         Records the members' global ranks; the caller owns (and releases) the lease.
         """
-        lease = lease_store_client(store_addr, self._timeout)
+        lease = lease_store_client(address, self._timeout)
         try:
             self._global_ranks = self._await_members(lease.store, rank, world_size)
         except BaseException:
@@ -186,7 +186,8 @@ class ProcessGroupWrapper(ProcessGroup):
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
         call = parse_configure_args(args, kwargs)
-        store_addr, rank, world_size = call.store_addr, call.rank, call.world_size
+        address, rank, world_size = call.address, call.rank, call.world_size
+        assert address is not None  # parse_configure_args checked it
         self._error = None
         self._closed = None
         self._interrupted.clear()
@@ -198,13 +199,13 @@ class ProcessGroupWrapper(ProcessGroup):
             holder, self._pg = [self._pg], None
             self._retire_backend(holder)
         try:
-            self._pg = self._create_pg_at(store_addr, rank, world_size)
+            self._pg = self._create_pg_at(address, rank, world_size)
         except ProcessGroupError:
             raise  # ours already say what happened
         except Exception as e:
             kind = ProcessGroupTimeoutError if is_timeout(e) else ProcessGroupError
             raise kind(
-                f"{type(self).__name__}.configure({store_addr!r}, rank={rank}, "
+                f"{type(self).__name__}.configure({call.store_addr!r}, rank={rank}, "
                 f"world_size={world_size}) failed within {self._timeout}: {e}"
             ) from e
         self._rank, self._world_size = rank, world_size
