@@ -1,9 +1,14 @@
 """The Baby PG's child process: owns the real backend, outlives reconfigurations.
 
 The command loop never blocks on a collective: ops are launched and finish
-through their futures (CPU) or a waiter thread (CUDA), so a "configure" is
-served even while an op on the old group is stuck. The child exits when the
-parent's socket closes (the parent died or shut it down).
+through their futures (CPU) or a waiter thread (CUDA), so a `Configure` is
+served even while an op on the old group is stuck. A finished op's reply is
+sent by whichever thread completes it (a SOCK_SEQPACKET send is atomic, so
+no lock). The child exits when the parent's socket closes (the parent died
+or shut it down).
+
+Started as ``python -m torchft_pg.process_group._baby_worker FD BACKEND DEVICE``;
+it imports only what a backend needs (torch, the process-group modules).
 """
 
 from __future__ import annotations
@@ -19,8 +24,12 @@ from typing import Any
 import torch
 
 from torchft_pg.errors import is_timeout
+from torchft_pg.process_group import _baby_messages as msgs
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group import _reaper
+from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
+
+_RECV_ANYSOURCE = "recv_anysource"
 
 
 class _Child:
@@ -28,20 +37,14 @@ class _Child:
         self._sock = sock
         self._backend = backend
         self._device_index = device_index
-        self._send_lock = threading.Lock()
         self._pg: Any = None
-        self._lease: Any = None  # the store client lent to the current group
+        self._lease: StoreLease | None = None  # the store client lent to the current group
         self._tensors = proto.ChildTensors()
 
-    def reply(self, message: Any) -> None:
-        with self._send_lock:
-            proto.send(self._sock, message)
-
-    def configure(self, store_addr: str, rank: int, world_size: int, timeout_s: float) -> None:
-        from torchft_pg.process_group.gloo import create_gloo_group
-        from torchft_pg.process_group.nccl import create_nccl_group
-        from torchft_pg.store import lease_store_client
-
+    def configure(
+        self, address: StoreAddress, rank: int, world_size: int, timeout_s: float
+    ) -> None:
+        """Replace the backend with one for `address`; `timeout_s` bounds its rendezvous."""
         if self._pg is not None:
             holder, self._pg = [self._pg], None
             with contextlib.suppress(Exception):  # a broken backend may refuse to abort
@@ -51,8 +54,11 @@ class _Child:
             self._lease.release()
             self._lease = None
         timeout = timedelta(seconds=timeout_s)
-        lease = lease_store_client(store_addr, timeout)
-        create = create_nccl_group if self._backend == "nccl" else create_gloo_group
+        lease = lease_store_client(address, timeout)
+        if self._backend == "nccl":
+            from torchft_pg.process_group.nccl import create_nccl_group as create
+        else:
+            from torchft_pg.process_group.gloo import create_gloo_group as create
         try:
             self._pg = create(lease.store, rank, world_size, timeout)
         except BaseException:
@@ -60,84 +66,111 @@ class _Child:
             raise
         self._lease = lease
 
-    def run_op(self, op_id: int, name: str, args: Any, inline: list[bytes], fds: list[int]) -> None:
-        decoded, inline_tensors = self._tensors.decode(args, inline, fds)
+    def run_op(self, message: msgs.RunOp, payload: memoryview, fds: list[int]) -> None:
+        """Launch the op; its reply is sent when it completes (see `_Reply`)."""
+        self._tensors.forget(message.forget)
+        args, inline, uses_cuda = self._tensors.decode(message.args, payload, fds)
         if self._pg is None:
             raise RuntimeError("Baby PG child has no configured group")
-        work = getattr(self._pg, name)(*decoded)
-        uses_cuda = _any_cuda(decoded)
-
-        def finish(error: str | None) -> None:
-            results = [] if error else proto.inline_results(inline_tensors)
-            source = work._source_rank() if name == "recv_anysource" and not error else None
-            self.reply(("done", op_id, error, results, source))
-
-        def wait_in_thread() -> None:
-            try:
-                work.wait()
-                if uses_cuda:
-                    torch.cuda.current_stream().synchronize()
-                finish(None)
-            except Exception as e:
-                finish(f"{type(e).__name__}: {e}")
-
-        def on_done(fut: Any) -> None:
-            try:
-                fut.value()
-                finish(None)
-            except Exception as e:
-                finish(f"{type(e).__name__}: {e}")
-
+        work = getattr(self._pg, message.name)(*args)
+        reply = _Reply(self._sock, message.op_id, inline, work, message.name == _RECV_ANYSOURCE)
         if not uses_cuda:
             try:
                 future = work.get_future()
             except RuntimeError:  # e.g. Gloo send/recv works have no future
                 future = None
             if future is not None:
-                future.add_done_callback(on_done)
+                future.add_done_callback(reply.on_future)
                 return
-        threading.Thread(target=wait_in_thread, daemon=True).start()
+        threading.Thread(target=reply.wait_and_send, args=(uses_cuda,), daemon=True).start()
 
     def loop(self) -> None:
         if self._device_index is not None and torch.cuda.is_available():
             torch.cuda.set_device(self._device_index)
-        self.reply(("ready", os.getpid()))
-        receiver = proto.Receiver(self._sock)
+        msgs.send(self._sock, msgs.Ready(request_id=0, pid=os.getpid()))
+        receiver = msgs.Receiver(self._sock)
         while True:
             try:
-                message, fds = receiver.recv()
+                message, payload, fds = receiver.recv()
             except (EOFError, OSError):
                 return
-            kind = message[0]
-            if kind == "op":
-                _, op_id, name, args, inline, forget = message
-                self._tensors.forget(forget)
+            if type(message) is msgs.RunOp:
                 try:
-                    self.run_op(op_id, name, args, inline, fds)
+                    self.run_op(message, payload, fds)
                 except Exception as e:
-                    self.reply(("done", op_id, f"{type(e).__name__}: {e}", [], None))
-            elif kind == "configure":
-                _, store_addr, rank, world_size, timeout_s = message
+                    _send_done(self._sock, message.op_id, f"{type(e).__name__}: {e}", [], None)
+            elif isinstance(message, msgs.Configure):
                 try:
-                    self.configure(store_addr, rank, world_size, timeout_s)
-                    self.reply(("configured", None, False))
+                    self.configure(
+                        message.address, message.rank, message.world_size, message.timeout_s
+                    )
+                    reply = msgs.Configured(
+                        request_id=message.request_id, error=None, timed_out=False
+                    )
                 except Exception as e:
                     text = f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
-                    self.reply(("configured", text, is_timeout(e)))
-            elif kind == "shutdown":
+                    reply = msgs.Configured(
+                        request_id=message.request_id, error=text, timed_out=is_timeout(e)
+                    )
+                msgs.send(self._sock, reply)
+            elif isinstance(message, msgs.Shutdown):
                 return
 
 
-def _any_cuda(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):
-        return value.is_cuda
-    if isinstance(value, (list, tuple)):
-        return any(_any_cuda(v) for v in value)
-    return False
+class _Reply:
+    """Sends one op's `OpDone` when its work completes (on the completing thread)."""
+
+    __slots__ = ("_inline", "_op_id", "_sock", "_want_source", "_work")
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        op_id: int,
+        inline: list[Any],
+        work: Any,
+        want_source: bool,
+    ) -> None:
+        self._sock = sock
+        self._op_id = op_id
+        self._inline = inline  # numpy arrays over the op's inline tensors
+        self._work = work
+        self._want_source = want_source
+
+    def on_future(self, future: Any) -> None:
+        try:
+            future.value()
+        except Exception as e:
+            self._send(f"{type(e).__name__}: {e}")
+            return
+        self._send(None)
+
+    def wait_and_send(self, uses_cuda: bool) -> None:
+        try:
+            self._work.wait()
+            if uses_cuda:
+                torch.cuda.current_stream().synchronize()
+        except Exception as e:
+            self._send(f"{type(e).__name__}: {e}")
+            return
+        self._send(None)
+
+    def _send(self, error: str | None) -> None:
+        source = None
+        if error is None and self._want_source:
+            source = self._work._source_rank()
+        results = proto.result_buffers(self._inline) if error is None else []
+        _send_done(self._sock, self._op_id, error, results, source)
+
+
+def _send_done(
+    sock: socket.socket, op_id: int, error: str | None, results: list[Any], source: int | None
+) -> None:
+    with contextlib.suppress(OSError):  # the parent is gone: the loop sees EOF and exits
+        msgs.send(sock, msgs.OpDone(op_id=op_id, error=error, source_rank=source), results)
 
 
 def main(sock: socket.socket, backend: str, device_index: int | None) -> None:
-    """Serve the parent on `sock` until it closes (started by `baby._ChildProcess`)."""
+    """Serve the parent on `sock` until it closes (started by `_baby_child.ChildProcess`)."""
     try:
         _Child(sock, backend, device_index).loop()
     finally:
