@@ -121,4 +121,4 @@ def test_registry_is_bounded_and_tells_the_child_what_to_forget() -> None:
     for t in tensors:
         proto.encode_args(([t],), registry, proto.INLINE_MAX_BYTES)
     forget = registry.take_forget()
-    assert len(forget) == 1 and registry.take_forget() == []
+    assert len(forget) == 1 and registry.take_forget() == ()

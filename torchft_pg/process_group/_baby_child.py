@@ -48,6 +48,10 @@ __all__ = ["ChildProcess"]
 
 _READY_ID = 0  # the child's first message answers this request id
 _STOP_JOIN_S = 5.0  # how long close()/kill() wait for the background thread to exit
+_TOKEN_RECHECK_S = 0.05  # how often the background thread, waiting for the token, checks `dead`
+_EXIT_WAIT_S = 5.0  # after its socket closed, how long a child may take to exit before we say so
+_SHUTDOWN_WAIT_S = 5.0  # close(): how long a child asked to exit may take before it is killed
+_KILL_WAIT_S = 10.0  # kill(): how long to wait for a SIGKILLed child to be reaped
 
 
 class ChildProcess:
@@ -284,8 +288,12 @@ class ChildProcess:
                             os.eventfd_read(self._wake_fd)
                     else:
                         hung_up = True
-                with self._token:
+                if not self._take_token():
+                    break
+                try:
                     self._serve(hung_up)
+                finally:
+                    self._token.release()
         except (OSError, ValueError):  # our socket or eventfd closed under us (kill/close)
             self._child_gone()
         finally:
@@ -294,6 +302,14 @@ class ChildProcess:
             with self._wake_lock:
                 os.close(self._wake_fd)
                 self._wake_fd = -1
+
+    def _take_token(self) -> bool:
+        """Wait for the reader holding the token; False once the child is dead (the
+        holder may be a future callback shutting this child down, which joins us)."""
+        while not self._token.acquire(timeout=_TOKEN_RECHECK_S):
+            if self.dead is not None:
+                return False
+        return True
 
     def _serve(self, hung_up: bool) -> None:
         while self.dead is None:
@@ -309,7 +325,7 @@ class ChildProcess:
         if self.dead is not None:
             return
         try:
-            code: int | None = self.proc.wait(timeout=5)
+            code: int | None = self.proc.wait(timeout=_EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             code = None
         what = "closed its socket" if code is None else f"exited with code {code}"
@@ -333,7 +349,7 @@ class ChildProcess:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        self.proc.wait(timeout=_KILL_WAIT_S)
         self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) was killed (abort)"))
         self._close()
 
@@ -350,7 +366,7 @@ class ChildProcess:
         if self.proc.poll() is None:
             try:
                 msgs.send(self._sock, msgs.Shutdown())
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=_SHUTDOWN_WAIT_S)
             except Exception:
                 pass
         if self.proc.poll() is None:

@@ -164,11 +164,12 @@ class _Wire:
     """How one dtype's bytes are read through numpy: numpy's own type, or (for
     bfloat16, float8, complex32, ...) the same-size integer type viewed as it."""
 
-    __slots__ = ("as_int", "dtype", "itemsize", "np_dtype")
+    __slots__ = ("as_int", "dtype", "itemsize", "name", "np_dtype")
 
     def __init__(self, dtype: torch.dtype) -> None:
         probe = torch.empty(0, dtype=dtype)
         self.dtype = dtype
+        self.name = _DTYPE_NAMES[dtype]
         self.as_int: torch.dtype | None = None
         try:
             self.np_dtype = probe.numpy().dtype
@@ -191,12 +192,11 @@ def _wire(key: torch.dtype | str) -> _Wire:
     return wire
 
 
-def _numpy_view(t: torch.Tensor) -> np.ndarray[Any, Any]:
+def _numpy_view(t: torch.Tensor, wire: _Wire) -> np.ndarray[Any, Any]:
     """A numpy array over `t`'s own memory (same strides; writes land in `t`)."""
     if t.requires_grad:
         t = t.detach()
-    as_int = _wire(t.dtype).as_int
-    return (t if as_int is None else t.view(as_int)).numpy()
+    return (t if wire.as_int is None else t.view(wire.as_int)).numpy()
 
 
 # -- parent side ----------------------------------------------------------------
@@ -226,9 +226,11 @@ class SharedStorageRegistry:
                 self.forget.append(old)
         return key, known
 
-    def take_forget(self) -> list[tuple[int, int, int]]:
+    def take_forget(self) -> tuple[tuple[int, int, int], ...]:
         """The keys the child may unmap, once (sent with the next op)."""
-        forget, self.forget = self.forget, []
+        if not self.forget:
+            return ()  # the usual case: no allocation
+        forget, self.forget = tuple(self.forget), []
         return forget
 
     def reset(self) -> None:
@@ -282,13 +284,14 @@ def _encode_tensor(t: torch.Tensor, out: EncodedArgs, registry: SharedStorageReg
         buf = io.BytesIO()
         ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(t)
         return ("c", buf.getvalue())
-    nbytes = t.nelement() * t.element_size()
+    nbytes = t.nbytes
     if nbytes <= out.budget:
         out.budget -= nbytes
-        view = _numpy_view(t)
+        wire = _wire(t.dtype)
+        view = _numpy_view(t, wire)
         out.views.append(view)
         out.buffers.append(view if t.is_contiguous() else np.ascontiguousarray(view))
-        return ("i", _DTYPE_NAMES[t.dtype], tuple(t.shape))
+        return ("i", wire.name, view.shape)  # numpy's shape is a plain tuple
     target = t
     if not t.is_contiguous():
         target = t.contiguous()
@@ -342,7 +345,7 @@ class ChildTensors:
 
     def forget(self, keys: Any) -> None:
         for k in keys:
-            self._storages.pop(tuple(k), None)
+            self._storages.pop(k, None)
 
     def decode(
         self, spec: Any, payload: memoryview, fds: list[int]
