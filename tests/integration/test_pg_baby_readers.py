@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from tests.multiproc import store_server
+from tests.threads import run_in_threads
 from torchft_pg import ProcessGroupBabyGloo
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 
@@ -61,27 +62,6 @@ def doomed(store_addr: str, request: pytest.FixtureRequest) -> Iterator[ProcessG
         pg.shutdown()
 
 
-def _in_threads(fns: list[Callable[[], Any]]) -> list[Any]:
-    results: list[Any] = [None] * len(fns)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads), "a thread is still waiting"
-    if errors:
-        raise errors[0]
-    return results
-
-
 def test_many_threads_waiting_at_once_all_get_their_own_results(
     solo: ProcessGroupBabyGloo,
 ) -> None:
@@ -93,7 +73,7 @@ def test_many_threads_waiting_at_once_all_get_their_own_results(
             got.append(t[0].item())
         return got
 
-    results = _in_threads([lambda i=i: worker(i) for i in range(4)])  # type: ignore[misc]
+    results = run_in_threads([lambda i=i: worker(i) for i in range(4)])  # type: ignore[misc]
     for i, got in enumerate(results):
         assert got == [float(i * 100 + k) for k in range(40)]
 
@@ -129,18 +109,17 @@ def test_a_future_callback_may_wait_on_another_op_of_the_same_group(
 ) -> None:
     inner = torch.full((2,), 3.0)
     seen: list[list[float]] = []
+    finished = threading.Event()
 
     def callback(_: Any) -> None:  # runs on whichever thread read the reply
         solo.allreduce([inner]).wait()
         seen.append(inner.tolist())
+        finished.set()
 
     first = solo.allreduce([torch.ones(1)])
     first.get_future().add_done_callback(callback)
     first.wait()
-    deadline = time.monotonic() + TIMEOUT.total_seconds()
-    while not seen:
-        assert time.monotonic() < deadline, "the callback's own wait never finished"
-        time.sleep(0.001)
+    assert finished.wait(TIMEOUT.total_seconds()), "the callback's own wait never finished"
     assert seen == [[3.0, 3.0]]
 
 
@@ -162,7 +141,7 @@ def test_waiters_mixed_with_future_users_on_two_members(store_addr: str) -> None
         return sums
 
     try:
-        results = _in_threads([lambda r=r: member(r) for r in range(2)])  # type: ignore[misc]
+        results = run_in_threads([lambda r=r: member(r) for r in range(2)])  # type: ignore[misc]
     finally:
         for pg in pgs:
             pg.shutdown()
@@ -192,7 +171,7 @@ def test_a_stuck_op_times_out_while_later_ops_complete(store_addr: str) -> None:
         return out
 
     try:
-        r0, r1 = _in_threads([lambda r=r: member(r) for r in range(2)])  # type: ignore[misc]
+        r0, r1 = run_in_threads([lambda r=r: member(r) for r in range(2)])  # type: ignore[misc]
     finally:
         for pg in pgs:
             pg.shutdown()
@@ -250,7 +229,7 @@ def test_waiters_blocked_behind_another_reader_are_served_by_the_background_thre
         pid = solo.child_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        time.sleep(0.2)
+        child.proc.wait(timeout=JOIN_S)  # dead before the waiters get the reader role
     for t in threads:
         t.join(JOIN_S)
     assert not any(t.is_alive() for t in threads)

@@ -4,42 +4,18 @@ run this way): no group's store wait may hold up another's."""
 from __future__ import annotations
 
 import functools
-import threading
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from tests.interop.calls import Members, run_checks
 from tests.multiproc import store_server
+from tests.threads import run_in_threads
 from torchft_pg import ProcessGroupGloo
 
 TIMEOUT = timedelta(seconds=20)
 KEY_CASES = {"all_reduce", "broadcast", "all_gather", "reduce_scatter", "send_recv", "barrier"}
-
-
-def _in_threads(fns: list[Callable[[], Any]], timeout_s: float = 60.0) -> list[Any]:
-    """Run each function on its own thread; return results, re-raising the first error."""
-    results: list[Any] = [None] * len(fns)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = fns[i]()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(fns))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout_s)
-    assert not any(t.is_alive() for t in threads), "a rank thread is still running"
-    if errors:
-        raise errors[0]
-    return results
 
 
 def _members(rank: int, world: int) -> Members:
@@ -60,8 +36,8 @@ def test_three_ranks_as_threads_then_two_on_a_fresh_prefix() -> None:
             pgs[rank].configure(f"{addr}/threads/2", new_rank, 2)
             return run_checks(pgs[rank], _members(new_rank, 2), only=KEY_CASES)
 
-        one = _in_threads([functools.partial(first, r) for r in range(3)])
-        two = _in_threads([functools.partial(second, r) for r in range(2)])
+        one = run_in_threads([functools.partial(first, r) for r in range(3)])
+        two = run_in_threads([functools.partial(second, r) for r in range(2)])
         for result in one + two:
             assert result == {name: "ok" for name in result} and len(result) == len(KEY_CASES)
         for pg in pgs:
@@ -82,7 +58,7 @@ def test_two_groups_configuring_at_once_on_one_store() -> None:
             return float(t[0])
 
         for round_ in range(10):
-            sums = _in_threads(
+            sums = run_in_threads(
                 [functools.partial(member, g, r, round_) for g in range(2) for r in range(2)]
             )
             assert sums == [3.0, 3.0, 23.0, 23.0], (round_, sums)
