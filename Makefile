@@ -18,7 +18,7 @@ test:  ## the full CI suite: unit, integration and the short chaos plan
 test-slow:  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests
 
-LINTED = torchft_pg lighthouse tests bench examples
+LINTED = ft_errors torchft_pg lighthouse tests bench examples
 
 lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs them
 	$(PY) -m ruff check $(LINTED)

@@ -1,4 +1,4 @@
-"""The root of torchft_pg's exception tree (torch-free, so the lighthouse can use it).
+"""The control plane's errors (torch-free): the root of torchft_pg's exception tree.
 
     FaultToleranceError (RuntimeError)         any operational failure
     ├── LighthouseUnavailableError             lighthouse not reachable after bounded retries
@@ -6,28 +6,26 @@
     ├── QuorumTimeoutError (+TimeoutError)     no quorum containing us formed before the deadline
     └── QuorumRejectedError                    the server refused the request (bad step, stale vote…)
 
-`torchft_pg.errors` extends this tree with process-group and recovery errors.
+The classes are defined in the dependency-free `ft_errors` package and
+re-exported here (the same class objects), so `torchft_pg.errors` can extend
+the tree without importing this package, whose `__init__` loads gRPC.
 Bad arguments are plain ValueError/TypeError, never part of this tree.
 """
 
 from __future__ import annotations
 
+from ft_errors import (
+    FaultToleranceError,
+    LighthouseUnavailableError,
+    ManagerUnavailableError,
+    QuorumRejectedError,
+    QuorumTimeoutError,
+)
 
-class FaultToleranceError(RuntimeError):
-    """Base of every operational failure raised by torchft_pg and the lighthouse."""
-
-
-class LighthouseUnavailableError(FaultToleranceError):
-    """The lighthouse at the named address did not answer within the connect timeout."""
-
-
-class ManagerUnavailableError(FaultToleranceError):
-    """A replica group's manager server did not answer within the connect timeout."""
-
-
-class QuorumTimeoutError(FaultToleranceError, TimeoutError):
-    """No quorum containing this replica formed before the caller's deadline."""
-
-
-class QuorumRejectedError(FaultToleranceError):
-    """The lighthouse or manager server refused a request and said why."""
+__all__ = [
+    "FaultToleranceError",
+    "LighthouseUnavailableError",
+    "ManagerUnavailableError",
+    "QuorumRejectedError",
+    "QuorumTimeoutError",
+]

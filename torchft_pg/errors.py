@@ -1,6 +1,6 @@
-"""torchft_pg's exception tree (extends `lighthouse.errors`).
+"""torchft_pg's exception tree (extends the shared root in `ft_errors`).
 
-    FaultToleranceError (RuntimeError)                   lighthouse.errors
+    FaultToleranceError (RuntimeError)                   ft_errors (also `lighthouse.errors`)
     ├── LighthouseUnavailableError, ManagerUnavailableError,
     │   QuorumTimeoutError (+TimeoutError), QuorumRejectedError
     ├── NotConfiguredError                               collective before configure()
@@ -11,6 +11,10 @@
     ├── CommitFailedError                                too many consecutive failed commits
     └── ExceptionWithTraceback                           what Manager.errored() returns
 
+The root comes from `ft_errors`, not `lighthouse.errors`: importing anything
+under `lighthouse` runs its `__init__`, which loads gRPC, and process groups
+(a Baby child process included) import this module.
+
 Bad arguments are ValueError/TypeError and name the value and what was expected.
 """
 
@@ -18,7 +22,7 @@ from __future__ import annotations
 
 import traceback
 
-from lighthouse.errors import (
+from ft_errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
     ManagerUnavailableError,

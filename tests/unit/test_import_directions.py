@@ -1,8 +1,8 @@
 """The allowed import directions between packages, checked on the source (AST).
 
-Modules: every ``.py`` file under ``lighthouse/`` (except the generated
-``lighthouse/_gen/``) and ``torchft_pg/``, named by dotted path (a package by
-its ``__init__.py``).
+Modules: every ``.py`` file under ``ft_errors/``, ``lighthouse/`` (except the
+generated ``lighthouse/_gen/``) and ``torchft_pg/``, named by dotted path (a
+package by its ``__init__.py``).
 
 Import edges: every ``import X`` and ``from X import Y`` anywhere in a module
 (at module level, inside functions, under ``if TYPE_CHECKING:``), relative
@@ -23,6 +23,9 @@ Roles in ``lighthouse``:
 
 Rules:
 
+0. ``ft_errors`` (the exception root both packages share) imports nothing but
+   ``__future__``: ``torchft_pg.errors`` roots its tree there precisely so that
+   a process group does not import ``lighthouse``.
 1. No lighthouse module imports ``torch`` or ``torchft_pg`` (or any submodule).
 2. Of lighthouse, a shared module imports only shared modules.
 3. Of lighthouse, a coordinator module imports only coordinator and shared modules.
@@ -35,7 +38,7 @@ Rules:
    modules they import, followed transitively over edges that are not
    type-only (a process group, e.g. a Baby child process, must not load them).
 
-Rules 1-4 count type-only edges too: they are about which way the code
+Rules 0-4 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
@@ -45,8 +48,6 @@ import ast
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FACADES = {"lighthouse", "lighthouse.__main__", "lighthouse.testing"}
@@ -74,7 +75,7 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     found: dict[str, Path] = {}
-    for package in ("lighthouse", "torchft_pg"):
+    for package in ("ft_errors", "lighthouse", "torchft_pg"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if "_gen" not in path.relative_to(ROOT).parts:
                 found[_module_name(path)] = path
@@ -192,6 +193,12 @@ def test_edges_resolve_relative_and_from_imports() -> None:
     assert got_typed == [("typing", False), ("pkg.a", True), ("pkg", False)]
 
 
+def test_the_shared_error_root_imports_nothing() -> None:
+    assert "ft_errors" in MODULES
+    bad = [str(e) for e in EDGES if _under(e.importer, "ft_errors") and e.target != "__future__"]
+    assert bad == []
+
+
 def test_lighthouse_never_imports_torch_or_torchft_pg() -> None:
     bad = [
         str(e)
@@ -244,6 +251,5 @@ def _process_group_reaches_forbidden() -> list[str]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 12 item 4 in progress")
 def test_process_groups_never_reach_the_lighthouse_grpc_the_manager_or_checkpointing() -> None:
     assert _process_group_reaches_forbidden() == []

@@ -90,12 +90,6 @@ def test_process_groups_do_not_load_the_manager(statement: str) -> None:
     assert _under(loaded, "torchft_pg.manager", "torchft_pg.checkpointing") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torchft_pg.errors roots the exception tree in lighthouse.errors, and importing "
-    "lighthouse.errors runs lighthouse/__init__.py (gRPC servers); the root must move out "
-    "of the lighthouse package first",
-)
 @pytest.mark.parametrize(
     "statement",
     ["import torchft_pg.process_group", "import torchft_pg.process_group._baby_worker"],
@@ -103,6 +97,32 @@ def test_process_groups_do_not_load_the_manager(statement: str) -> None:
 def test_process_groups_do_not_load_grpc_or_the_lighthouse(statement: str) -> None:
     loaded = _loaded_after(statement)
     assert _under(loaded, "grpc", "lighthouse") == []
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "FaultToleranceError",
+        "LighthouseUnavailableError",
+        "ManagerUnavailableError",
+        "QuorumRejectedError",
+        "QuorumTimeoutError",
+    ],
+)
+def test_the_control_plane_errors_are_the_same_classes_everywhere(name: str) -> None:
+    """The root moved out of the lighthouse package (see ft_errors); a lighthouse
+    error must still be caught by torchft_pg's names and vice versa."""
+    import ft_errors
+    import lighthouse
+    import lighthouse.errors
+    import torchft_pg.errors
+
+    cls = getattr(ft_errors, name)
+    assert getattr(lighthouse, name) is cls
+    assert getattr(lighthouse.errors, name) is cls
+    assert getattr(torchft_pg.errors, name) is cls
+    assert issubclass(cls, torchft_pg.errors.FaultToleranceError)
+    assert issubclass(torchft_pg.errors.ProcessGroupError, lighthouse.FaultToleranceError)
 
 
 def test_public_names_resolve_on_first_use_and_are_the_modules_own() -> None:
