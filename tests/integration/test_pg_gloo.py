@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.distributed_c10d import GroupName
 
 from tests.multiproc import RankContext, run_ranks
 from tests.pg_checks import check_collectives
@@ -64,6 +65,7 @@ def _torch_distributed_functions(ctx: RankContext) -> dict[str, object]:
         dist.recv(buf, group_src=0, group=pg)
         out["recv"] = bytes(buf.tolist())
         req = dist.irecv(buf, group_src=0, group=pg)
+        assert req is not None
         req.wait()
         out["irecv"] = bytes(buf.tolist())
     out["world"] = dist.get_world_size(pg)
@@ -216,7 +218,7 @@ def _register(ctx: RankContext) -> list[float]:
     pg.configure(ctx.addr("reg/0"), ctx.rank, ctx.world_size)
     group = pg.register("ft_dp")
     assert pg.group_name == group.group_name
-    t = funcol.all_reduce(torch.full((2,), float(ctx.rank + 1)), "sum", pg.group_name)
+    t = funcol.all_reduce(torch.full((2,), float(ctx.rank + 1)), "sum", GroupName(pg.group_name))
     out = funcol.wait_tensor(t).tolist()
     pg.unregister()
     pg.unregister()  # idempotent

@@ -33,6 +33,7 @@ def _nccl(ctx: RankContext) -> list[str]:
         pg.configure(ctx.addr(f"nccl/{ctx.args[0]}/{gen}"), ctx.rank, ctx.world_size)
         names = check_collectives(pg, device)
     if ctx.args[0] == "baby":
+        assert isinstance(pg, ProcessGroupBabyNCCL)
         pid = pg.child_pid
         assert pid is not None
         os.kill(pid, signal.SIGKILL)

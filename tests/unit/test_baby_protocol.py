@@ -37,7 +37,7 @@ def _child_computes(decoded: list[torch.Tensor], arrays: list[Any], encoded: Any
 
 def test_options_survive_the_trip() -> None:
     opts = AllreduceOptions()
-    opts.reduceOp = ReduceOp.MAX
+    opts.reduceOp = ReduceOp(ReduceOp.MAX)  # the attribute is a ReduceOp, not its enum
     opts.timeout = timedelta(seconds=7)
     b = BroadcastOptions()
     b.rootRank = 2
@@ -50,7 +50,7 @@ def test_options_survive_the_trip() -> None:
 def test_equal_options_encode_once_and_differing_ones_do_not_collide() -> None:
     a, b = AllreduceOptions(), AllreduceOptions()
     assert proto.encode_options(a) is proto.encode_options(b)
-    b.reduceOp = ReduceOp.MIN
+    b.reduceOp = ReduceOp(ReduceOp.MIN)
     assert proto.encode_options(a) != proto.encode_options(b)
 
 

@@ -80,7 +80,8 @@ def test_a_stuck_callback_does_not_stop_later_deadlines() -> None:
     with context_timeout(block, SHORT):
         assert stuck.wait(5.0)
     try:
-        out = future_timeout(Future(), SHORT)  # due while `block` still runs
+        never: Future[None] = Future()
+        out = future_timeout(never, SHORT)  # due while `block` still runs
         out.add_done_callback(lambda _: later.set())
         assert later.wait(5.0)
         with pytest.raises(TimeoutError):
