@@ -67,9 +67,33 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_HTTP_BIND,
         help="dashboard, /status and /metrics host:port; 'none' to disable",
     )
+    p.add_argument(
+        "--state-file",
+        default="auto",
+        help="JSON file keeping the job's committed step across lighthouse restarts, so a "
+        "restarted lighthouse still refuses to restart the job below it; 'auto': "
+        "torchft-pg-lighthouse-<port>.state.json in the working directory; 'none': memory only",
+    )
+    p.add_argument(
+        "--allow-step-reset",
+        action="store_true",
+        help="issue a quorum even below the job's committed step (restart a job from older "
+        "state on purpose)",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
+
+
+def state_file_for(arg: str, bind: str) -> str | None:
+    """The ``--state-file`` path: None for 'none', a per-port file in the working
+    directory for 'auto' (None if the port is 0: a fresh port each start)."""
+    if arg.lower() == "none":
+        return None
+    if arg.lower() != "auto":
+        return arg
+    port = bind.rsplit(":", 1)[-1]
+    return None if port == "0" else f"torchft-pg-lighthouse-{port}.state.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             quorum_lease=not args.no_quorum_lease,
             http_bind=None if args.http_bind.lower() == "none" else args.http_bind,
             hostname=args.hostname,
+            state_file=state_file_for(args.state_file, args.bind),
+            allow_step_reset=args.allow_step_reset,
         )
     except (ValueError, OSError) as exc:
         print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from lighthouse import wire
 from lighthouse.clock import Clock
+from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
 from lighthouse.types import FailureNotice, LeaseRecall, QuorumMember
@@ -44,14 +45,26 @@ class LighthouseCore:
     """Quorum state plus the futures and streams waiting on it (one event loop only)."""
 
     def __init__(
-        self, config: QuorumConfig, clock: Clock, epoch: str, metrics: Metrics | None = None
+        self,
+        config: QuorumConfig,
+        clock: Clock,
+        epoch: str,
+        metrics: Metrics | None = None,
+        job_state: JobStateFile | None = None,
     ) -> None:
-        """``config`` times are in seconds; ``epoch`` is the random start-up id."""
+        """``config`` times are in seconds; ``epoch`` is the random start-up id;
+        ``job_state`` keeps the job's committed step across lighthouse restarts
+        (read once here, written as it grows)."""
         self.config = config
         self.clock = clock
         self.epoch = epoch
         self.metrics = metrics
-        self.state = QuorumState(epoch)
+        self.job_state = job_state
+        committed = 0
+        if job_state is not None:
+            job_state.epoch = epoch
+            committed = job_state.load()
+        self.state = QuorumState(epoch, committed)
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         self.leaving: set[str] = set()  # announced a clean shutdown on their liveness stream
@@ -98,6 +111,18 @@ class LighthouseCore:
         self.state.heartbeat(replica_id, now)
         self.state.report_progress(replica_id, step, step_time_ms)
         self.lease.progress(replica_id, step, now)
+        self._persist(now)
+
+    def _persist(self, now: float) -> None:
+        """Record the committed step (throttled; ``tick`` writes what was held back)."""
+        if self.job_state is not None:
+            self.job_state.record(self.state.committed_step, now)
+
+    def flush_job_state(self) -> None:
+        """Write the committed step now (at shutdown)."""
+        if self.job_state is not None:
+            self.job_state.record(self.state.committed_step)
+            self.job_state.flush()
 
     def _send_recall(self, recall: LeaseRecall | None) -> None:
         """Push ``recall`` to the lease holders on their liveness streams."""
@@ -194,6 +219,7 @@ class LighthouseCore:
         else:
             self.evaluate()
         now = self.clock.now()
+        self._persist(now)
         self._send_recall(self.lease.recall_for_stall(self.epoch, now, self.config.join_timeout_s))
         if (
             self.decision.members is None
@@ -228,10 +254,19 @@ class LighthouseCore:
         now = self.clock.now()
         d = decide_quorum(now, self.state, self.config)
         if d.kind != self.decision.kind:
-            log.log(logging.DEBUG if d.kind in ("fast", "idle") else logging.INFO, "%s", d.reason)
+            level = logging.DEBUG if d.kind in ("fast", "idle") else logging.INFO
+            log.log(logging.WARNING if d.kind == "below_committed" else level, "%s", d.reason)
         self.decision = d
         if d.members is None:
+            self._persist(now)
             return
+        top = max(m.step for m in d.members)
+        if top < self.state.committed_step:
+            log.warning(
+                "job reset from committed step %d to step %d: allowed by allow_step_reset",
+                self.state.committed_step,
+                top,
+            )
         latency_s = now - self.state.earliest_joined()
         old_id = self.state.quorum_id
         quorum = self.state.issue(d.members, now, _unix_ms())
@@ -250,6 +285,7 @@ class LighthouseCore:
             fut = self.waiters.pop(m.replica_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(payload)
+        self._persist(now)
         if self.metrics is not None:
             self.metrics.quorum_issued(len(d.members), latency_s, quorum.quorum_id != old_id)
         if quorum.quorum_id != old_id:
@@ -297,6 +333,8 @@ class LighthouseCore:
             "epoch": self.epoch,
             "quorum_id": state.quorum_id,
             "quorums_issued": self.quorums_issued,
+            "committed_step": state.committed_step,
+            "job_state_file": None if self.job_state is None else str(self.job_state.path),
             "quorum": None
             if prev is None
             else {

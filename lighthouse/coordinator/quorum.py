@@ -16,6 +16,13 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    e.g. restarted replicas at step 0 outvoting the one holding steps 0..85
    while it is briefly stalled). Wait for it instead; if it dies, it stops
    being live and the quorum proceeds.
+6. Never issue a quorum whose highest step is below the job's committed step
+   (the highest step any replica ever reported: a replica asks, or reports
+   progress, only at a committed step), unless ``allow_step_reset``. Rule 5
+   guards against a live replica that is ahead; this rule guards against the
+   case where every up-to-date replica is gone, which would otherwise restart
+   the job silently from older (e.g. initial) weights. Replicas that load a
+   checkpoint at or past the committed step ask at that step and pass.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
@@ -49,12 +56,15 @@ class QuorumConfig:
 
     ``lease``: grant quorum leases (see ``lighthouse.coordinator.lease``), so that members
     skip the lighthouse on steps where nothing changes.
+    ``allow_step_reset``: let a quorum start below the job's committed step (rule 6);
+    the operator's explicit choice to restart a job from older state.
     """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
     join_timeout_s: float = DEFAULT_JOIN_TIMEOUT_MS / 1000
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
     lease: bool = True
+    allow_step_reset: bool = False
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -70,7 +80,8 @@ class Decision:
     """``members`` (sorted by replica id) when a quorum should be issued, else None.
 
     ``kind`` is a stable tag (``fast``, ``ready``, ``idle``, ``min_replicas``,
-    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``); ``reason`` says why in words.
+    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``, ``below_committed``);
+    ``reason`` says why in words.
     """
 
     members: tuple[QuorumMember, ...] | None
@@ -87,9 +98,13 @@ class _Pending:
 class QuorumState:
     """Everything the rules look at. Mutated only through its methods."""
 
-    def __init__(self, epoch: str) -> None:
-        """``epoch``: the lighthouse's random start-up id, stamped on every quorum."""
+    def __init__(self, epoch: str, committed_step: int = 0) -> None:
+        """``epoch``: the lighthouse's random start-up id, stamped on every quorum.
+        ``committed_step``: the job's committed step as recorded before a restart."""
         self.epoch = epoch
+        # The highest step any replica reported (rule 6); it only grows, except when
+        # the operator allows a reset and a lower quorum issues.
+        self.committed_step = committed_step
         # replica id -> last seen (s), oldest first
         self.seen: OrderedDict[str, float] = OrderedDict()
         self.pending: dict[str, _Pending] = {}  # insertion order == join order
@@ -114,6 +129,8 @@ class QuorumState:
         self.heartbeat(rid, now)
         self.pending[rid] = _Pending(member, now)
         self.last_member[rid] = member
+        if member.step > self.committed_step:
+            self.committed_step = member.step
         if rid in self._prev_set:
             self.prev_pending += 1
         if member.shrink_only:
@@ -125,6 +142,8 @@ class QuorumState:
         m = self.last_member.get(replica_id)
         if m is not None and step > m.step:
             self.last_member[replica_id] = replace(m, step=step, step_time_ms=step_time_ms)
+            if step > self.committed_step:
+                self.committed_step = step
 
     def withdraw(self, replica_id: str) -> bool:
         """Drop ``replica_id``'s pending request (cancelled). True if there was one."""
@@ -209,6 +228,9 @@ class QuorumState:
         left = list(self.pending.values())
         self.pending = {p.member.replica_id: _Pending(p.member, now) for p in left}
         self.prev = quorum
+        self.committed_step = max(
+            (m.step for m in members), default=self.committed_step
+        )  # == before, unless an allowed reset issued below it
         self._prev_ids = ids
         self._prev_set = frozenset(ids)
         self.prev_pending = 0
@@ -235,7 +257,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             reason += f", admitting {joiners} joiner(s)"
         if held:
             reason += f", shrink_only holds {held} newcomer(s) back"
-        return _unless_behind(members, state) or Decision(members, reason, "fast")
+        return _refusal(members, state, config) or Decision(members, reason, "fast")
     tail = f"[{n} asked, shrink_only={shrink}]"
     if n < config.min_replicas:
         return Decision(
@@ -271,7 +293,33 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     reason = f"quorum of {len(members)}: {n} of {live} live replicas asked"
     if stragglers > 0:
         reason += f"; join_timeout passed, leaving {stragglers} straggler(s) out"
-    return _unless_behind(members, state) or Decision(members, reason, "ready")
+    return _refusal(members, state, config) or Decision(members, reason, "ready")
+
+
+def _refusal(
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig
+) -> Decision | None:
+    """Rule 5, then rule 6: why ``members`` must not be issued, or None."""
+    return _unless_behind(members, state) or _unless_committed(members, state, config)
+
+
+def _unless_committed(
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig
+) -> Decision | None:
+    """A "below_committed" refusal if the members' highest step is below the job's
+    committed step and no reset is allowed (rule 6). O(members)."""
+    top = max((m.step for m in members), default=0)
+    if top >= state.committed_step or config.allow_step_reset:
+        return None
+    return Decision(
+        None,
+        f"refused: the job has committed step {state.committed_step} but the askers' highest "
+        f"step is {top} and no live replica holds step {state.committed_step}; issuing would "
+        f"restart the job from older state. Bring back a replica at step >= "
+        f"{state.committed_step}, load a checkpoint at that step in the replicas, or restart "
+        "the lighthouse with --allow-step-reset",
+        "below_committed",
+    )
 
 
 def _unless_behind(members: tuple[QuorumMember, ...], state: QuorumState) -> Decision | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,6 +22,7 @@ from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
+from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
@@ -32,6 +34,7 @@ from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
 
 log = logging.getLogger("lighthouse")
 
+_REASON_MARGIN_S = 0.25  # a quorum wait ends this long before the caller's deadline
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
 
 
@@ -78,6 +81,14 @@ class LighthouseServer:
             or the machine's host name for a wildcard bind.
         clock: time source (seconds); tests inject a ``FakeClock``.
         epoch: override the random start-up id (tests only).
+        state_file: where to keep the job's committed step (a small JSON file,
+            created if missing), so a lighthouse restarted with the same file
+            still refuses a quorum that would restart the job below it. None
+            (the default here; the command line defaults to a file) keeps it in
+            memory only: a restart then learns it again from the replicas that
+            are still alive.
+        allow_step_reset: issue a quorum even if its highest step is below the
+            job's committed step (an operator restarting a job from older state).
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -95,6 +106,8 @@ class LighthouseServer:
         hostname: str | None = None,
         clock: Clock | None = None,
         epoch: str | None = None,
+        state_file: str | os.PathLike[str] | None = None,
+        allow_step_reset: bool = False,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
@@ -110,12 +123,16 @@ class LighthouseServer:
             join_timeout_s=join_timeout_ms / 1000,
             heartbeat_timeout_s=heartbeat_timeout_ms / 1000,
             lease=quorum_lease,
+            allow_step_reset=allow_step_reset,
         )
         self._tick_s = quorum_tick_ms / 1000
         bind_host, _ = split_host_port(bind, "bind")
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
-        self.core = LighthouseCore(self.config, clock or MonotonicClock(), self.epoch, self.metrics)
+        job_state = None if state_file is None else JobStateFile(state_file)
+        self.core = LighthouseCore(
+            self.config, clock or MonotonicClock(), self.epoch, self.metrics, job_state
+        )
         self._server: grpc.aio.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._http: StatusHTTPServer | None = None
@@ -128,7 +145,7 @@ class LighthouseServer:
             )
         log.info(
             "lighthouse epoch %s serving on %s (min_replicas=%d, join_timeout_ms=%d, "
-            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d, quorum_lease=%s)%s",
+            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d, quorum_lease=%s, committed step %d%s)%s",
             self.epoch,
             self.address(),
             min_replicas,
@@ -136,6 +153,8 @@ class LighthouseServer:
             quorum_tick_ms,
             heartbeat_timeout_ms,
             quorum_lease,
+            self.core.state.committed_step,
+            "" if job_state is None else f" from {str(job_state.path)!r}",
             f", status on {self.http_address()}" if self._http else "",
         )
 
@@ -172,6 +191,10 @@ class LighthouseServer:
             self._tick_task.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.2)
+        try:
+            self.core.flush_job_state()
+        except OSError:
+            log.exception("could not write the job state file at shutdown")
 
     def shutdown(self) -> None:
         """Stop serving; pending calls fail with UNAVAILABLE/CANCELLED. Idempotent."""
@@ -224,17 +247,33 @@ class LighthouseServer:
     ) -> bytes:
         """Validate one quorum request and wait for its quorum (shared by both RPCs).
 
-        A cancelled wait (deadline, client gone) withdraws the request.
+        A cancelled wait (deadline, client gone) withdraws the request. Shortly
+        before the caller's deadline the call ends with DEADLINE_EXCEEDED and the
+        rules' current reason, so the caller learns why no quorum formed (e.g. a
+        refused step reset) instead of a bare timeout.
         """
         try:
             member = validate.check_member(wire.decode_lighthouse_quorum_request(request))
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         fut = self.core.request(member)
+        remaining = context.time_remaining()
         try:
-            return await fut
+            if remaining is None:
+                return await fut
+            # End a little before the caller's deadline so our reason reaches it first.
+            wait_s = max(0.0, remaining - min(_REASON_MARGIN_S, remaining / 10))
+            return await asyncio.wait_for(asyncio.shield(fut), wait_s)
         except SupersededError as exc:
             await context.abort(grpc.StatusCode.ABORTED, f"{rpc}: {exc}")
+        except asyncio.TimeoutError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                return fut.result()  # issued just as the wait ended: it is ours
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{rpc}: no quorum for {member.replica_id!r} at step {member.step} before its "
+                f"deadline: {self.core.decision.reason}",
+            )
         finally:
             self.core.withdraw(member.replica_id, fut)
         raise AssertionError("unreachable")

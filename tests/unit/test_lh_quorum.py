@@ -227,7 +227,8 @@ def test_never_issues_behind_a_live_replica_that_is_ahead() -> None:
     assert decide_and_issue(state, clock, cfg)[1] == ["a", "b", "c", "d"]
 
 
-def test_a_dead_replica_that_was_ahead_no_longer_blocks() -> None:
+def test_a_dead_replica_that_was_ahead_leaves_a_refusal_not_a_silent_reset() -> None:
+    """Rule 5 stops waiting for a dead replica; rule 6 still refuses to go below its step."""
     clock, state = FakeClock(), QuorumState("e")
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
     ask(state, clock, "a", step=9)
@@ -237,4 +238,38 @@ def test_a_dead_replica_that_was_ahead_no_longer_blocks() -> None:
     clock.advance(2)
     assert decide_quorum(clock.now(), state, cfg).kind == "behind"
     state.forget("a")  # its liveness stream closed
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["b", "c"])
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.members is None and d.kind == "below_committed"
+    assert "committed step 9" in d.reason and "highest step is 3" in d.reason
+    assert "--allow-step-reset" in d.reason
+    allow = QuorumConfig(
+        min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0, allow_step_reset=True
+    )
+    assert decide_and_issue(state, clock, allow) == ("ready", ["b", "c"])
+    assert state.committed_step == 3  # the allowed reset is the job's new history
+
+
+def test_committed_step_survives_in_the_state_and_passes_a_replica_at_that_step() -> None:
+    """A restarted lighthouse starts from the recorded step: fresh replicas at 0 are
+    refused, a replica that loaded a checkpoint at that step (or later) is not."""
+    clock = FakeClock()
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    state = QuorumState("e2", committed_step=500)
+    ask(state, clock, "fresh", step=0)
+    assert decide_quorum(clock.now(), state, cfg).kind == "below_committed"
+    ask(state, clock, "loaded", step=500)
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh", "loaded"])
+
+
+def test_committed_step_grows_with_requests_and_lease_progress() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    ask(state, clock, "a", step=4)
+    assert state.committed_step == 4
+    decide_and_issue(state, clock, cfg)
+    state.report_progress("a", 12, 1.0)  # a ran steps on its lease
+    assert state.committed_step == 12
+    state.forget("a")
+    ask(state, clock, "b", step=11)
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.kind == "below_committed" and "committed step 12" in d.reason

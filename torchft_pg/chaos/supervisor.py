@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,6 +118,8 @@ class _Run:
         self.out = out
         self.report = ChaosReport()
         self.start = time.time()
+        # The job's committed step outlives a lighthouse restart (as the CLI keeps it).
+        self.state_dir = tempfile.mkdtemp(prefix="torchft-pg-chaos-")
         self.lighthouse = self._start_lighthouse("127.0.0.1:0")
         self.lh_port = int(self.lighthouse.address().rsplit(":", 1)[1])
         self.ranks: list[_Rank] = []
@@ -135,7 +139,10 @@ class _Run:
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
         return LighthouseServer(
-            bind=bind, min_replicas=self.c.min_replicas, join_timeout_ms=self.c.join_timeout_ms
+            bind=bind,
+            min_replicas=self.c.min_replicas,
+            join_timeout_ms=self.c.join_timeout_ms,
+            state_file=os.path.join(self.state_dir, "lighthouse.state.json"),
         )
 
     def t(self) -> float:
@@ -338,6 +345,7 @@ class _Run:
             r.proc.join(timeout=10)
             r.conn.close()
         self.lighthouse.shutdown()
+        shutil.rmtree(self.state_dir, ignore_errors=True)
         self.stores.clear()
         rep = self.report
         rep.wall_s = self.t()

@@ -1,0 +1,102 @@
+"""The job's committed step on disk, so a restarted lighthouse still refuses a reset.
+
+The lighthouse keeps the highest step any replica reported (quorum rule 6). In
+memory alone it would be lost with the lighthouse; a lighthouse restarted
+while every up-to-date replica is also gone would then let a fresh replica
+restart the job from step 0. ``JobStateFile`` records it in a small JSON file
+(``{"committed_step": N, "epoch": ..., "updated_unix_ms": ...}``), replaced
+atomically (write a temporary file, then rename) so a crash mid-write leaves
+the old record, never a torn one.
+
+Writes are throttled: at most one every ``min_interval_s`` seconds (the
+lighthouse flushes the latest value on its next tick and at shutdown), so a
+job committing hundreds of steps a second costs a few small writes a second.
+After a SIGKILL the file trails the true committed step by at most that
+interval's worth of steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+__all__ = ["JobStateFile"]
+
+DEFAULT_MIN_INTERVAL_S = 0.1
+
+
+class JobStateFile:
+    """Reads and writes the committed step at ``path``. Not thread-safe: the
+    lighthouse calls it from its event loop only."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], min_interval_s: float = DEFAULT_MIN_INTERVAL_S
+    ):
+        self.path = Path(path)
+        self.min_interval_s = min_interval_s
+        self._saved: int | None = None
+        self._wanted: int | None = None
+        self._last_write = float("-inf")
+        self.epoch = ""
+
+    def load(self) -> int:
+        """The recorded committed step; 0 if the file does not exist yet.
+
+        Raises ``ValueError`` naming the file if it exists but is not a record
+        this class wrote: silently treating it as step 0 would defeat its purpose.
+        """
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self._saved = 0
+            return 0
+        try:
+            record = json.loads(text)
+            step = record["committed_step"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"lighthouse state file {str(self.path)!r} is not a job-state record "
+                f'(expected JSON {{"committed_step": <int>, ...}}): {exc}'
+            ) from None
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(
+                f"lighthouse state file {str(self.path)!r}: committed_step must be an int >= 0, "
+                f"got {step!r}"
+            )
+        self._saved = step
+        return step
+
+    def record(self, committed_step: int, now: float | None = None) -> bool:
+        """Note the current committed step; write it if the throttle allows.
+        True if it was written now. ``now``: monotonic seconds (tests pass it)."""
+        self._wanted = committed_step
+        return self.flush(now, force=False)
+
+    def flush(self, now: float | None = None, force: bool = True) -> bool:
+        """Write the latest recorded step if it differs from the file's (``force``
+        ignores the throttle). True if written."""
+        wanted = self._wanted
+        if wanted is None or wanted == self._saved:
+            return False
+        now = time.monotonic() if now is None else now
+        if not force and now - self._last_write < self.min_interval_s:
+            return False
+        self._write(wanted)
+        self._saved = wanted
+        self._last_write = now
+        return True
+
+    def _write(self, step: int) -> None:
+        record = {
+            "committed_step": step,
+            "epoch": self.epoch,
+            "updated_unix_ms": int(time.time() * 1000),
+        }
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+            f.write("\n")
+        os.replace(tmp, self.path)
