@@ -17,6 +17,11 @@ MAX_ADDRESS_CHARS = 512
 MAX_DATA_BYTES = 64 * 1024
 MAX_METADATA_BYTES = 64 * 1024
 MAX_MESSAGE_BYTES = 1024 * 1024  # gRPC receive limit on both servers
+# Deepest nesting of arrays/objects in a member's data: a fixed bound, so that
+# whether a value passes never depends on how deep the caller's stack happens to be
+# (the JSON parser recurses once per level).
+MAX_DATA_DEPTH = 100
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _WHITESPACE = re.compile(r"\s")  # checked on every quorum request: a scan in C
 
 
@@ -35,10 +40,13 @@ def check_replica_id(replica_id: str) -> str:
     return replica_id
 
 
+MAX_COUNTER = 2**63 - 1  # the wire's int64
+
+
 def check_step(name: str, value: int) -> int:
-    """A non-negative counter (step, commit_failures)."""
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
+    """A non-negative counter (step, commit_failures) that fits the wire's int64."""
+    if not 0 <= value <= MAX_COUNTER:
+        raise ValueError(f"{name} must be >= 0 and fit in an int64, got {value}")
     return value
 
 
@@ -99,6 +107,26 @@ def _check_data_size(text: str) -> None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_DATA_BYTES:
         raise ValueError(f"data must be at most {MAX_DATA_BYTES} bytes of JSON, got {size} bytes")
+    _check_data_depth(text)
+
+
+def _check_data_depth(text: str) -> None:
+    """At most MAX_DATA_DEPTH nested arrays/objects. O(1) for text with fewer
+    brackets than that (the usual flat dict), else one scan with strings removed."""
+    if text.count("[") + text.count("{") <= MAX_DATA_DEPTH:
+        return
+    depth = deepest = 0
+    for ch in _JSON_STRING.sub("", text):
+        if ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > MAX_DATA_DEPTH:
+        raise ValueError(
+            f"data must be JSON text nested at most {MAX_DATA_DEPTH} arrays/objects deep, "
+            f"got {deepest} levels: nested too deeply"
+        )
 
 
 def encode_data(value: Any) -> str:
@@ -135,6 +163,7 @@ def decode_data(text: str) -> Any:
     """
     if not text:
         return None
+    _check_data_depth(text)
     try:
         return json.loads(text, parse_constant=_reject_constant)
     except RecursionError:

@@ -589,9 +589,22 @@ class Manager:
         return self._counters()
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Restore the counters `state_dict()` returned (torchft's argument name)."""
-        self._step = int(state_dict["step"])
-        self._batches_committed = int(state_dict["batches_committed"])
+        """Restore the counters `state_dict()` returned (torchft's argument name).
+
+        Raises ``ValueError`` naming the counter if one is not an int in
+        [0, 2**63) (the wire's int64), so a bad checkpoint fails here rather
+        than at the next quorum.
+        """
+        counters = {}
+        for key in ("step", "batches_committed"):
+            value = state_dict[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+                raise ValueError(
+                    f"load_state_dict: {key} must be an int >= 0 and < 2**63, got {value!r}"
+                )
+            counters[key] = value
+        self._step = counters["step"]
+        self._batches_committed = counters["batches_committed"]
 
     def last_quorum_timings(self) -> QuorumTimings | None:
         """Where the last finished `start_quorum` spent its time (None before one)."""

@@ -70,7 +70,7 @@ def test_local_errors_are_the_rpc_errors() -> None:
             assert "reported different steps" in str(exc) and "{0: 1, 1: 2}" in str(exc)
         with pytest.raises(QuorumRejectedError, match=r"group_rank must be in \[0, 2\), got 5"):
             local.quorum(quorum_request(5, 0))
-        with pytest.raises(ValueError, match="step must be >= 0, got -1"):
+        with pytest.raises(ValueError, match="step must be >= 0 and fit in an int64, got -1"):
             local.quorum(quorum_request(0, -1))
 
 

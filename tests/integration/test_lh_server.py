@@ -81,7 +81,7 @@ def test_bad_input_is_refused_with_a_clear_reason() -> None:
         )
         cases = [
             (QuorumMember(""), "replica_id must be a non-empty string"),
-            (QuorumMember("a", step=-4), "step must be >= 0, got -4"),
+            (QuorumMember("a", step=-4), "step must be >= 0 and fit in an int64, got -4"),
             (QuorumMember("a", address="h:1", world_size=0), "world_size must be >= 1"),
             (validate.with_data_json(QuorumMember("a"), "[1,"), "data must be JSON text"),
         ]

@@ -96,3 +96,44 @@ def test_a_lighthouse_that_is_not_there_fails_the_first_quorum_naming_it() -> No
         assert time.monotonic() - start < 15  # bounded by connect_timeout, not hung
     finally:
         manager.shutdown()
+
+
+def test_a_step_past_int64_fails_at_once_not_at_the_quorum_timeout() -> None:
+    """Loading it is refused; a step that got there anyway fails the step at once."""
+    import torch
+    from torch.distributed import TCPStore
+
+    from torchft_pg import ProcessGroupGloo
+    from torchft_pg.manager import Manager
+
+    with LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=0) as lh:
+        group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        manager = Manager(
+            ProcessGroupGloo(timeout=timedelta(seconds=10)),
+            rank=0,
+            world_size=1,
+            store_addr="127.0.0.1",
+            store_port=group_store.port,
+            lighthouse_addr=lh.address(),
+            replica_id="huge",
+            quorum_timeout=timedelta(seconds=60),
+        )
+        try:
+            with pytest.raises(ValueError, match=r"step must be an int >= 0 and < 2\*\*63"):
+                manager.load_state_dict({"step": 2**63, "batches_committed": 0})
+            with pytest.raises(ValueError, match="batches_committed must be an int"):
+                manager.load_state_dict({"step": 1, "batches_committed": "2"})
+            manager._step = 2**63  # e.g. a subclass's own restore path
+            start = time.monotonic()
+            manager.start_quorum()
+            manager.allreduce(torch.ones(2)).wait()
+            error = manager.errored()
+            assert error is not None
+            assert "step must be >= 0 and fit in an int64, got 9223372036854775808" in str(
+                error.original_exception
+            )
+            with pytest.raises(ValueError, match="fit in an int64"):
+                manager.should_commit()
+            assert time.monotonic() - start < 30  # not the 60 s quorum timeout
+        finally:
+            manager.shutdown()

@@ -5,6 +5,7 @@ torchft-style arguments (None = our default; checked before anything binds)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -162,3 +163,17 @@ def test_bad_server_arguments_name_the_value_before_anything_binds(
     args: dict[str, Any] = {"bind": "127.0.0.1:0", "min_replicas": 1, **kwargs}
     with pytest.raises(error, match=msg):
         LighthouseServer(**args)
+
+
+def test_nesting_has_one_fixed_bound_on_both_sides_whatever_the_stack_depth() -> None:
+    """101 levels fail alike when encoding and decoding; brackets inside strings
+    (escaped quotes included) do not count."""
+    ok = json.loads("[" * validate.MAX_DATA_DEPTH + "]" * validate.MAX_DATA_DEPTH)
+    assert validate.decode_data(validate.encode_data(ok)) == ok
+    deep = json.loads("[" * 101 + "]" * 101)
+    with pytest.raises(ValueError, match=r"nested at most 100 .* got 101 levels"):
+        validate.encode_data(deep)
+    with pytest.raises(ValueError, match=r"nested at most 100 .* got 101 levels"):
+        validate.decode_data("[" * 101 + "]" * 101)
+    tricky = {"s": '\\"' + "[" * 500, "t": "{" * 500}
+    assert validate.decode_data(validate.encode_data(tricky)) == tricky
