@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -40,12 +39,10 @@ from torchft_pg.errors import (
     ProcessGroupTimeoutError,
     is_timeout,
 )
-from torchft_pg.process_group import _checks, _reaper
+from torchft_pg.process_group import _checks, _meeting, _reaper
 from torchft_pg.process_group.base import (
     ProcessGroup,
-    own_global_rank,
     parse_configure_args,
-    resolve_global_ranks,
 )
 from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
 from torchft_pg.work import completed_work
@@ -118,28 +115,19 @@ class ProcessGroupWrapper(ProcessGroup):
     def _await_members(self, store: Store, rank: int, world_size: int) -> tuple[int, ...]:
         """Wait until every member reached this configure, or `interrupt_configure` is called.
 
-        Returns each member's global rank (see `resolve_global_ranks`): the
-        presence key a member sets holds its default-group rank.
-
-        A backend's own rendezvous (Gloo's connectFullMesh) cannot be interrupted:
-        a member that died after the quorum formed would cost everyone the whole
-        timeout. Meeting first on the store, polled (0.1 ms doubling to 10 ms) between
-        checks of the interrupt flag, lets a known death fail configure at once.
+        Returns each member's global rank (see `resolve_global_ranks`). Any
+        Gloo-based member counts, ours or a plain torch Gloo group on the same
+        prefix; see `_meeting` for how, and why we meet before building the
+        backend at all.
         """
-        store.set(f"torchft_pg/present/{rank}", str(own_global_rank()))
-        keys = [f"torchft_pg/present/{r}" for r in range(world_size)]
-        deadline = time.monotonic() + self._timeout.total_seconds()
-        poll_s = 0.0001  # doubling to 10 ms: peers usually arrive within a millisecond
-        while not store.check(keys):
-            if self._interrupted.wait(poll_s):
-                raise ProcessGroupAbortedError(f"configure interrupted: {self._interrupt_reason}")
-            if time.monotonic() > deadline:
-                missing = [r for r in range(world_size) if not store.check([keys[r]])]
-                raise ProcessGroupTimeoutError(
-                    f"members {missing} did not arrive within {self._timeout}"
-                )
-            poll_s = min(poll_s * 2, 0.01)
-        return resolve_global_ranks([_parse_rank(v) for v in store.multi_get(keys)])
+        return _meeting.meet(
+            store,
+            rank,
+            world_size,
+            self._timeout,
+            self._interrupted,
+            lambda: self._interrupt_reason,
+        )
 
     def _release_store(self) -> None:
         lease, self._store_lease = self._store_lease, None
@@ -607,10 +595,3 @@ def as_timeout(timeout: object) -> timedelta:
     if timeout <= timedelta(0):
         raise ValueError(f"timeout must be positive, got {timeout}")
     return timeout
-
-
-def _parse_rank(value: bytes) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return -1  # a member of an older version wrote a bare marker
