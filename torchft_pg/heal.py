@@ -29,6 +29,9 @@ class ReadGate:
     ones until `allow()`; a reader waits at most its `timeout_s` seconds and
     then fails the heal (the step votes no) instead of stalling the job. Not
     tied to a thread: the training thread disallows, the quorum thread reads.
+    A read is one `send_checkpoint`: over HTTP that is only the snapshot copy
+    (receivers then stream the snapshot, never the live state), over a process
+    group the whole push.
     """
 
     def __init__(self) -> None:
@@ -88,7 +91,8 @@ class StateDictRegistry:
         return list(self._fns)
 
     def payload(self, manager_state: dict[str, int]) -> dict[str, Any]:
-        """The state a healing peer receives (live references: served until disallowed)."""
+        """The state a healing peer receives, as live references: the transport
+        copies (HTTP snapshot) or sends (PG push) them before `send_checkpoint` returns."""
         return {
             "user": {key: save() for key, (_, save) in self._fns.items()},
             "torchft": dict(manager_state),

@@ -8,6 +8,10 @@ Endpoints (all GET):
   checksum of what was sent (`layout.piece_digest` folded by `layout.Digest`).
 
 A request waits up to ``min(W ms, server timeout)`` for serving to be allowed.
+The bytes served are a snapshot (see `ServingGate`): a chunk already streaming
+when serving is disallowed goes on to its end, and is cut off only when a newer
+checkpoint is served (`CheckpointServer.cut_streams`), the receiver stalls past
+the server timeout, or the server shuts down.
 Answers other than 200:
 
 * ``400`` — a malformed path, or a step other than the one served; the latter
@@ -38,6 +42,7 @@ from torchft_pg.checkpointing.gate import (
 )
 from torchft_pg.checkpointing.layout import (
     Digest,
+    Segment,
     byte_view,
     iter_pieces,
     piece_digest,
@@ -58,8 +63,9 @@ class CheckpointServer(ThreadingHTTPServer):
     """Serves the checkpoint open in `gate` on `addr` (port 0 = ephemeral).
 
     `timeout_s` (seconds) is the socket timeout for a stalled receiver and
-    the longest a request waits for the gate to open. `active` holds the
-    connections being served, so the owner can cut them off.
+    the longest a request waits for the gate to open. `streaming` maps each
+    chunk transfer's connection to the checkpoint it sends, so the owner can
+    cut transfers off (`cut_streams`).
     """
 
     daemon_threads = True
@@ -70,9 +76,20 @@ class CheckpointServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.gate = gate
         self.timeout_s = timeout_s
-        self.active: set[socket.socket] = set()
-        self.active_lock = threading.Lock()
+        self.streaming: dict[socket.socket, Packed] = {}
+        self.streaming_lock = threading.Lock()
         super().__init__(addr, _Handler)
+
+    def cut_streams(self, keep: Packed | None) -> int:
+        """Shut down every chunk transfer sending a checkpoint other than `keep`
+        (None: every one); a transfer blocked on a stalled receiver wakes with an
+        error and drops its checkpoint. Returns how many were cut."""
+        with self.streaming_lock:
+            stale = [s for s, p in self.streaming.items() if p is not keep]
+        for sock in stale:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(stale)
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we do not need.
@@ -84,7 +101,7 @@ class CheckpointServer(ThreadingHTTPServer):
 
 
 class _Abort(Exception):
-    """Stop streaming: the checkpoint was disallowed or replaced mid-transfer."""
+    """Stop streaming: a newer checkpoint replaced this one mid-transfer, or shutdown."""
 
 
 def parse_path(path: str) -> tuple[int, str, int, int, dict[str, str]]:
@@ -117,12 +134,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(self.server.timeout_s)
-        with self.server.active_lock:
-            self.server.active.add(self.connection)
 
     def finish(self) -> None:
-        with self.server.active_lock:
-            self.server.active.discard(self.connection)
         with contextlib.suppress(OSError):
             super().finish()
 
@@ -185,16 +198,27 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(sum(s.length for s in segments) + 8))
         self.end_headers()
-        gate, digest, start = self.server.gate, Digest(), time.monotonic()
-        for seg in segments:
-            for p in iter_pieces(seg):
-                if not gate.is_current(packed):
-                    raise _Abort("checkpoint disallowed mid-transfer")
-                view = packed.blobs[p.blob][p.offset : p.offset + p.length]
-                self.wfile.write(byte_view(view))
-                digest.update(piece_digest(view))
-        self.wfile.write(digest.value.to_bytes(8, "little"))
+        server = self.server
+        with server.streaming_lock:  # registered before the first check: see `cut_streams`
+            server.streaming[self.connection] = packed
+        try:
+            start = time.monotonic()
+            self._stream(packed, segments)
+        finally:
+            with server.streaming_lock:
+                server.streaming.pop(self.connection, None)
         nbytes, secs = sum(s.length for s in segments), time.monotonic() - start
         logger.debug(
             "served step=%d chunk %d/%d bytes=%d seconds=%.4f", packed.step, i, n, nbytes, secs
         )
+
+    def _stream(self, packed: Packed, segments: list[Segment]) -> None:
+        gate, digest = self.server.gate, Digest()
+        for seg in segments:
+            for p in iter_pieces(seg):
+                if not gate.may_continue(packed):
+                    raise _Abort("a newer checkpoint replaced this one mid-transfer")
+                view = packed.blobs[p.blob][p.offset : p.offset + p.length]
+                self.wfile.write(byte_view(view))
+                digest.update(piece_digest(view))
+        self.wfile.write(digest.value.to_bytes(8, "little"))

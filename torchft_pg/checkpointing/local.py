@@ -7,9 +7,11 @@ byte copies and `unpack`), so a test of the Manager's healing sees what a real
 transport gives back: fresh tensors, same values, no aliasing with the sender.
 Serving follows the same rules as `HTTPTransport`: only after
 `send_checkpoint` (or `allow_checkpoint` for the step last sent), only for that
-step, and not after `disallow_checkpoint`. DTensors behave as described in
-`serialization`: given a `state_dict` callable whose state dict has a DTensor
-at the same path, the receiver fills that DTensor's local shard in place.
+step, not after `disallow_checkpoint`, and from a snapshot taken by the send,
+so the sender may mutate its state dict once the send returns. DTensors behave
+as described in `serialization`: given a `state_dict` callable whose state dict
+has a DTensor at the same path, the receiver fills that DTensor's local shard
+in place.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
         """Serve `state_dict` as `step` until `disallow_checkpoint`; returns at once."""
         del dst_ranks, timeout
         check_step(step)
-        packed = pack(state_dict, step)
+        packed = pack(state_dict, step, snapshot=True)
         with self._lock:
             self._sent = SentCheckpoint(step=step, state_dict=state_dict)
             self._hub.publish(self._name, packed)
@@ -109,7 +111,7 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
         """
         with self._lock:
             sent = last_sent(self._sent, step)
-            self._hub.publish(self._name, pack(sent.state_dict, step))
+            self._hub.publish(self._name, pack(sent.state_dict, step, snapshot=True))
 
     def disallow_checkpoint(self) -> None:
         self._hub.publish(self._name, None)

@@ -23,6 +23,15 @@ DTensors travel as their local shards; a receiver whose `state_dict` has a
 DTensor at the same path gets that DTensor back with its local shard filled in
 place, otherwise the plain local shard (see `serialization`).
 
+The sender's quorum thread waits in `send_checkpoint` until each receiver has
+taken every byte (bounded by the timeout), and so does the sender's step,
+whose first allreduce waits for the quorum. That is inherent to a push over
+the group the step runs on, not something a snapshot could remove: the
+receiver is a member of that group and joins the step's allreduce only after
+its receive, so the sender's collective waits for it anyway. The live state is
+read only inside `send_checkpoint` (under the Manager's state-read gate), so
+`disallow_checkpoint` has nothing to wait for and the commit never does.
+
 This is a push transport: there is no server and nothing to address, so
 `metadata()` and `address()` are the placeholder ``"<n/a>"`` (receivers name
 the sender by rank), and `allow_checkpoint(step)` only checks that `step` was

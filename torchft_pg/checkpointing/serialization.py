@@ -9,7 +9,9 @@ a list of blobs, raw bytes with no pickling:
 * blobs under `SMALL_BLOB_BYTES` are copied into one combined blob per device:
   each blob costs a send, a checksum call and, over a PG, a message, so 3000
   small tensors as 3000 blobs took 0.4 s for 17 MB;
-* large blobs alias the state dict's own memory: no copy on the sender.
+* large blobs alias the state dict's own memory: no copy on the sender,
+  unless the caller asks for a snapshot (``pack(..., snapshot=True)``): then
+  every blob is fresh CPU memory, the state as it was when `pack` ran.
 
 The receiver preallocates each blob (or reuses the destination tensor's memory
 for an in-place receive) and the transport writes the bytes straight into it.
@@ -142,11 +144,20 @@ def _layout(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[list[
     return parts, users
 
 
-def pack(state_dict: Any, step: int) -> Packed:
+def _fresh_cpu(blob: torch.Tensor) -> torch.Tensor:
+    """A copy of `blob` in CPU memory of its own (never a view of the original)."""
+    return blob.clone() if blob.device.type == "cpu" else blob.cpu()
+
+
+def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
     """Flatten `state_dict` into a skeleton and blobs.
 
     Large blobs alias the state dict's storages (no copy): the caller must not
-    mutate its tensors until the blobs have been sent.
+    mutate its tensors until the blobs have been sent. With `snapshot`, every
+    blob is instead a fresh CPU tensor holding the bytes as they are now (one
+    copy of the state: a memcpy for CPU tensors, the device-to-host copy a CPU
+    server needs anyway for accelerator tensors), so the caller may mutate its
+    tensors as soon as `pack` returns.
     """
     raw: list[torch.Tensor] = []
     paths: list[Path] = []
@@ -160,7 +171,7 @@ def pack(state_dict: Any, step: int) -> Packed:
         if part.numel() < SMALL_BLOB_BYTES:
             small.setdefault(part.device, []).append(k)
             continue
-        blobs.append(part)
+        blobs.append(_fresh_cpu(part) if snapshot else part)
         where.update((i, (len(blobs) - 1, off)) for i, off in users[k])
     for device, ks in small.items():  # one combined, copied blob per device
         starts, total = [], 0
@@ -171,7 +182,7 @@ def pack(state_dict: Any, step: int) -> Packed:
         for k, start in zip(ks, starts, strict=True):
             combined[start : start + parts[k].numel()].copy_(parts[k])
             where.update((i, (len(blobs), start + off)) for i, off in users[k])
-        blobs.append(combined)
+        blobs.append(combined.cpu() if snapshot else combined)  # already a copy
     metas = []
     for i, t in enumerate(tensors):
         blob, off = where.get(i, (-1, 0))

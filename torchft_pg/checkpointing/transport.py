@@ -5,7 +5,11 @@ behind calls `recv_checkpoint` with the sender's `metadata()` string (exchanged
 through the manager) and gets the state dict back. `disallow_checkpoint` marks
 the point after which the sender may mutate its state dict again (the optimizer
 step), so no transfer may still be reading it; `allow_checkpoint(step)` opens
-serving of the last sent state dict again, for the same step.
+serving of the last sent state dict again, for the same step. A transport that
+serves a snapshot (`HTTPTransport`) is done with the state dict when
+`send_checkpoint` returns: its `disallow_checkpoint` only stops new transfers
+and never waits for a receiver, so a slow healer cannot hold up the sender's
+commit.
 
 `address()` is where receivers reach this transport; by default it is the same
 string as `metadata()` (as in torchft, whose HTTP transport advertises its
@@ -135,8 +139,10 @@ class CheckpointTransport(ABC, Generic[T]):
     def disallow_checkpoint(self) -> None:
         """Stop serving; when this returns no transfer reads the state dict any more.
 
-        The default does nothing, which is right for a transport whose
-        `send_checkpoint` returns only after every byte was sent.
+        Called on the sender's commit path: it should not wait for a receiver
+        (serve a snapshot instead, as `HTTPTransport` does). The default does
+        nothing, which is right for a transport whose `send_checkpoint` returns
+        only after every byte was sent.
         """
 
     def allow_checkpoint(self, step: int) -> None:
