@@ -28,6 +28,7 @@ lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs 
 bench:  ## every benchmark: tables plus one JSON line each (~5 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
+	PYTHONUNBUFFERED=1 $(PY) bench/manager_quorum.py
 	PYTHONUNBUFFERED=1 $(PY) bench/heal.py
 	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
 

@@ -212,3 +212,17 @@ class LeaseRecall:
     quorum_id: int
     absent_replica_ids: tuple[str, ...] = ()
     abort_from_step: int = -1
+    valid_below_step: int = 0  # > 0: the lease still answers rounds below this step
+
+
+@dataclass(frozen=True)
+class LeaseFloor:
+    """ "Every holder of lease ``lease_id`` has started its round at ``step`` or later."
+
+    A holder answers a leased round at step s only once the floor is >= s - 1,
+    so no holder runs more than one step ahead of the slowest.
+    """
+
+    epoch: str
+    lease_id: int
+    step: int

@@ -19,6 +19,7 @@ from lighthouse import validate
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
     FailureNotice,
+    LeaseFloor,
     LeaseRecall,
     ManagerQuorumRequest,
     Quorum,
@@ -190,10 +191,17 @@ def _notice_from_pb(p: pb.FailureNotice) -> FailureNotice:
     )
 
 
+LivenessEventBody = FailureNotice | LeaseRecall | LeaseFloor
+
+
 def encode_liveness_event(
-    epoch: str, notice: FailureNotice | None = None, recall: LeaseRecall | None = None
+    epoch: str,
+    notice: FailureNotice | None = None,
+    recall: LeaseRecall | None = None,
+    floor: LeaseFloor | None = None,
 ) -> bytes:
-    """An acknowledgement (neither), a failure notice or a lease recall on the liveness stream."""
+    """An acknowledgement (none given), a failure notice, a lease recall or a lease
+    floor on the liveness stream."""
     ev = pb.LivenessEvent(epoch=epoch)
     if notice is not None:
         _notice_to_pb(notice, ev.failure)
@@ -202,11 +210,16 @@ def encode_liveness_event(
         ev.recall.quorum_id = recall.quorum_id
         ev.recall.absent_replica_ids.extend(recall.absent_replica_ids)
         ev.recall.abort_from_step = recall.abort_from_step
+        ev.recall.valid_below_step = recall.valid_below_step
+    if floor is not None:
+        ev.floor.lease_id = floor.lease_id
+        ev.floor.step = floor.step
     return ev.SerializeToString()
 
 
-def decode_liveness_event(data: bytes) -> tuple[str, FailureNotice | LeaseRecall | None]:
-    """(epoch, the failure notice or lease recall it carries, or None for an acknowledgement)."""
+def decode_liveness_event(data: bytes) -> tuple[str, LivenessEventBody | None]:
+    """(epoch, the failure notice, lease recall or lease floor it carries, or None for
+    an acknowledgement)."""
     ev = _parse(pb.LivenessEvent, data)
     assert isinstance(ev, pb.LivenessEvent)
     if ev.HasField("failure"):
@@ -214,8 +227,15 @@ def decode_liveness_event(data: bytes) -> tuple[str, FailureNotice | LeaseRecall
     if ev.HasField("recall"):
         r = ev.recall
         return ev.epoch, LeaseRecall(
-            ev.epoch, r.lease_id, r.quorum_id, tuple(r.absent_replica_ids), r.abort_from_step
+            ev.epoch,
+            r.lease_id,
+            r.quorum_id,
+            tuple(r.absent_replica_ids),
+            r.abort_from_step,
+            r.valid_below_step,
         )
+    if ev.HasField("floor"):
+        return ev.epoch, LeaseFloor(ev.epoch, ev.floor.lease_id, ev.floor.step)
     return ev.epoch, None
 
 

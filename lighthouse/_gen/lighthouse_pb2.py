@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10lighthouse.proto\x12\ntorchft_pg\"\xdb\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\t \x01(\x01\x12\x1b\n\x13\x63heckpoint_metadata\x18\n \x03(\t\"s\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12.\n\x0cparticipants\x18\x03 \x03(\x0b\x32\x18.torchft_pg.QuorumMember\x12\x17\n\x0f\x63reated_unix_ms\x18\x04 \x01(\x03\"F\n\x17LighthouseQuorumRequest\x12+\n\trequester\x18\x01 \x01(\x0b\x32\x18.torchft_pg.QuorumMember\"P\n\x18LighthouseQuorumResponse\x12\"\n\x06quorum\x18\x01 \x01(\x0b\x32\x12.torchft_pg.Quorum\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\"0\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\",\n\x1bLighthouseHeartbeatResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\"W\n\x0cLivenessPing\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\x04 \x01(\x01\"\x91\x01\n\rFailureNotice\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x18\n\x10\x64\x65\x61\x64_replica_ids\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x18\n\x10\x64\x65tected_unix_ms\x18\x05 \x01(\x03\x12\x11\n\x04step\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_step\"g\n\x0bLeaseRecall\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x62sent_replica_ids\x18\x03 \x03(\t\x12\x17\n\x0f\x61\x62ort_from_step\x18\x04 \x01(\x03\"s\n\rLivenessEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12*\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x19.torchft_pg.FailureNotice\x12\'\n\x06recall\x18\x03 \x01(\x0b\x32\x17.torchft_pg.LeaseRecall\"\xac\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\x07 \x01(\x01\"\xd1\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12#\n\x1brecover_src_manager_address\x18\x03 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x05 \x03(\x03\x12\x15\n\rstore_address\x18\x06 \x01(\t\x12\x10\n\x08max_step\x18\x07 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x08 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\t \x01(\x03\x12\x14\n\x0creplica_rank\x18\n \x01(\x03\x12\x1a\n\x12replica_world_size\x18\x0b \x01(\x03\x12\x0c\n\x04heal\x18\x0c \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\r \x01(\x03\x12\x13\n\x0breplica_ids\x18\x0e \x03(\t\x12\'\n\x1frecover_src_checkpoint_metadata\x18\x0f \x01(\tB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse\"*\n\x14WatchFailuresRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x32\xea\x02\n\x11LighthouseService\x12S\n\x06Quorum\x12#.torchft_pg.LighthouseQuorumRequest\x1a$.torchft_pg.LighthouseQuorumResponse\x12]\n\x0cQuorumStream\x12#.torchft_pg.LighthouseQuorumRequest\x1a$.torchft_pg.LighthouseQuorumResponse(\x01\x30\x01\x12\\\n\tHeartbeat\x12&.torchft_pg.LighthouseHeartbeatRequest\x1a\'.torchft_pg.LighthouseHeartbeatResponse\x12\x43\n\x08Liveness\x12\x18.torchft_pg.LivenessPing\x1a\x19.torchft_pg.LivenessEvent(\x01\x30\x01\x32\xa2\x03\n\x0eManagerService\x12M\n\x06Quorum\x12 .torchft_pg.ManagerQuorumRequest\x1a!.torchft_pg.ManagerQuorumResponse\x12\x63\n\x12\x43heckpointMetadata\x12%.torchft_pg.CheckpointMetadataRequest\x1a&.torchft_pg.CheckpointMetadataResponse\x12Q\n\x0cShouldCommit\x12\x1f.torchft_pg.ShouldCommitRequest\x1a .torchft_pg.ShouldCommitResponse\x12\x39\n\x04Kill\x12\x17.torchft_pg.KillRequest\x1a\x18.torchft_pg.KillResponse\x12N\n\rWatchFailures\x12 .torchft_pg.WatchFailuresRequest\x1a\x19.torchft_pg.FailureNotice0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10lighthouse.proto\x12\ntorchft_pg\"\xdb\x01\n\x0cQuorumMember\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x12\n\nworld_size\x18\x05 \x01(\x04\x12\x13\n\x0bshrink_only\x18\x06 \x01(\x08\x12\x0c\n\x04\x64\x61ta\x18\x07 \x01(\t\x12\x17\n\x0f\x63ommit_failures\x18\x08 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\t \x01(\x01\x12\x1b\n\x13\x63heckpoint_metadata\x18\n \x03(\t\"s\n\x06Quorum\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12.\n\x0cparticipants\x18\x03 \x03(\x0b\x32\x18.torchft_pg.QuorumMember\x12\x17\n\x0f\x63reated_unix_ms\x18\x04 \x01(\x03\"F\n\x17LighthouseQuorumRequest\x12+\n\trequester\x18\x01 \x01(\x0b\x32\x18.torchft_pg.QuorumMember\"P\n\x18LighthouseQuorumResponse\x12\"\n\x06quorum\x18\x01 \x01(\x0b\x32\x12.torchft_pg.Quorum\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\"0\n\x1aLighthouseHeartbeatRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\t\",\n\x1bLighthouseHeartbeatResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\t\"W\n\x0cLivenessPing\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07leaving\x18\x02 \x01(\x08\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\x04 \x01(\x01\"\x91\x01\n\rFailureNotice\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x18\n\x10\x64\x65\x61\x64_replica_ids\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x18\n\x10\x64\x65tected_unix_ms\x18\x05 \x01(\x03\x12\x11\n\x04step\x18\x06 \x01(\x03H\x00\x88\x01\x01\x42\x07\n\x05_step\"\x81\x01\n\x0bLeaseRecall\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x1a\n\x12\x61\x62sent_replica_ids\x18\x03 \x03(\t\x12\x17\n\x0f\x61\x62ort_from_step\x18\x04 \x01(\x03\x12\x18\n\x10valid_below_step\x18\x05 \x01(\x03\",\n\nLeaseFloor\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\"\x9a\x01\n\rLivenessEvent\x12\r\n\x05\x65poch\x18\x01 \x01(\t\x12*\n\x07\x66\x61ilure\x18\x02 \x01(\x0b\x32\x19.torchft_pg.FailureNotice\x12\'\n\x06recall\x18\x03 \x01(\x0b\x32\x17.torchft_pg.LeaseRecall\x12%\n\x05\x66loor\x18\x04 \x01(\x0b\x32\x16.torchft_pg.LeaseFloor\"\xac\x01\n\x14ManagerQuorumRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x1b\n\x13\x63heckpoint_metadata\x18\x03 \x01(\t\x12\x13\n\x0bshrink_only\x18\x04 \x01(\x08\x12\x11\n\tinit_sync\x18\x05 \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\x06 \x01(\x03\x12\x14\n\x0cstep_time_ms\x18\x07 \x01(\x01\"\xd1\x03\n\x15ManagerQuorumResponse\x12\x11\n\tquorum_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\t\x12#\n\x1brecover_src_manager_address\x18\x03 \x01(\t\x12%\n\x18recover_src_replica_rank\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12!\n\x19recover_dst_replica_ranks\x18\x05 \x03(\x03\x12\x15\n\rstore_address\x18\x06 \x01(\t\x12\x10\n\x08max_step\x18\x07 \x01(\x03\x12\x1d\n\x10max_replica_rank\x18\x08 \x01(\x03H\x01\x88\x01\x01\x12\x16\n\x0emax_world_size\x18\t \x01(\x03\x12\x14\n\x0creplica_rank\x18\n \x01(\x03\x12\x1a\n\x12replica_world_size\x18\x0b \x01(\x03\x12\x0c\n\x04heal\x18\x0c \x01(\x08\x12\x17\n\x0f\x63ommit_failures\x18\r \x01(\x03\x12\x13\n\x0breplica_ids\x18\x0e \x03(\t\x12\'\n\x1frecover_src_checkpoint_metadata\x18\x0f \x01(\tB\x1b\n\x19_recover_src_replica_rankB\x13\n\x11_max_replica_rank\")\n\x19\x43heckpointMetadataRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x03\"9\n\x1a\x43heckpointMetadataResponse\x12\x1b\n\x13\x63heckpoint_metadata\x18\x01 \x01(\t\"N\n\x13ShouldCommitRequest\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\x12\x12\n\ngroup_rank\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\"-\n\x14ShouldCommitResponse\x12\x15\n\rshould_commit\x18\x01 \x01(\x08\"\x1a\n\x0bKillRequest\x12\x0b\n\x03msg\x18\x01 \x01(\t\"\x0e\n\x0cKillResponse\"*\n\x14WatchFailuresRequest\x12\x12\n\ngroup_rank\x18\x01 \x01(\x03\x32\xea\x02\n\x11LighthouseService\x12S\n\x06Quorum\x12#.torchft_pg.LighthouseQuorumRequest\x1a$.torchft_pg.LighthouseQuorumResponse\x12]\n\x0cQuorumStream\x12#.torchft_pg.LighthouseQuorumRequest\x1a$.torchft_pg.LighthouseQuorumResponse(\x01\x30\x01\x12\\\n\tHeartbeat\x12&.torchft_pg.LighthouseHeartbeatRequest\x1a\'.torchft_pg.LighthouseHeartbeatResponse\x12\x43\n\x08Liveness\x12\x18.torchft_pg.LivenessPing\x1a\x19.torchft_pg.LivenessEvent(\x01\x30\x01\x32\xa2\x03\n\x0eManagerService\x12M\n\x06Quorum\x12 .torchft_pg.ManagerQuorumRequest\x1a!.torchft_pg.ManagerQuorumResponse\x12\x63\n\x12\x43heckpointMetadata\x12%.torchft_pg.CheckpointMetadataRequest\x1a&.torchft_pg.CheckpointMetadataResponse\x12Q\n\x0cShouldCommit\x12\x1f.torchft_pg.ShouldCommitRequest\x1a .torchft_pg.ShouldCommitResponse\x12\x39\n\x04Kill\x12\x17.torchft_pg.KillRequest\x1a\x18.torchft_pg.KillResponse\x12N\n\rWatchFailures\x12 .torchft_pg.WatchFailuresRequest\x1a\x19.torchft_pg.FailureNotice0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,30 +47,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LIVENESSPING']._serialized_end=708
   _globals['_FAILURENOTICE']._serialized_start=711
   _globals['_FAILURENOTICE']._serialized_end=856
-  _globals['_LEASERECALL']._serialized_start=858
-  _globals['_LEASERECALL']._serialized_end=961
-  _globals['_LIVENESSEVENT']._serialized_start=963
-  _globals['_LIVENESSEVENT']._serialized_end=1078
-  _globals['_MANAGERQUORUMREQUEST']._serialized_start=1081
-  _globals['_MANAGERQUORUMREQUEST']._serialized_end=1253
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=1256
-  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1721
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1723
-  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1764
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1766
-  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=1823
-  _globals['_SHOULDCOMMITREQUEST']._serialized_start=1825
-  _globals['_SHOULDCOMMITREQUEST']._serialized_end=1903
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=1905
-  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=1950
-  _globals['_KILLREQUEST']._serialized_start=1952
-  _globals['_KILLREQUEST']._serialized_end=1978
-  _globals['_KILLRESPONSE']._serialized_start=1980
-  _globals['_KILLRESPONSE']._serialized_end=1994
-  _globals['_WATCHFAILURESREQUEST']._serialized_start=1996
-  _globals['_WATCHFAILURESREQUEST']._serialized_end=2038
-  _globals['_LIGHTHOUSESERVICE']._serialized_start=2041
-  _globals['_LIGHTHOUSESERVICE']._serialized_end=2403
-  _globals['_MANAGERSERVICE']._serialized_start=2406
-  _globals['_MANAGERSERVICE']._serialized_end=2824
+  _globals['_LEASERECALL']._serialized_start=859
+  _globals['_LEASERECALL']._serialized_end=988
+  _globals['_LEASEFLOOR']._serialized_start=990
+  _globals['_LEASEFLOOR']._serialized_end=1034
+  _globals['_LIVENESSEVENT']._serialized_start=1037
+  _globals['_LIVENESSEVENT']._serialized_end=1191
+  _globals['_MANAGERQUORUMREQUEST']._serialized_start=1194
+  _globals['_MANAGERQUORUMREQUEST']._serialized_end=1366
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_start=1369
+  _globals['_MANAGERQUORUMRESPONSE']._serialized_end=1834
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_start=1836
+  _globals['_CHECKPOINTMETADATAREQUEST']._serialized_end=1877
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_start=1879
+  _globals['_CHECKPOINTMETADATARESPONSE']._serialized_end=1936
+  _globals['_SHOULDCOMMITREQUEST']._serialized_start=1938
+  _globals['_SHOULDCOMMITREQUEST']._serialized_end=2016
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_start=2018
+  _globals['_SHOULDCOMMITRESPONSE']._serialized_end=2063
+  _globals['_KILLREQUEST']._serialized_start=2065
+  _globals['_KILLREQUEST']._serialized_end=2091
+  _globals['_KILLRESPONSE']._serialized_start=2093
+  _globals['_KILLRESPONSE']._serialized_end=2107
+  _globals['_WATCHFAILURESREQUEST']._serialized_start=2109
+  _globals['_WATCHFAILURESREQUEST']._serialized_end=2151
+  _globals['_LIGHTHOUSESERVICE']._serialized_start=2154
+  _globals['_LIGHTHOUSESERVICE']._serialized_end=2516
+  _globals['_MANAGERSERVICE']._serialized_start=2519
+  _globals['_MANAGERSERVICE']._serialized_end=2937
 # @@protoc_insertion_point(module_scope)

@@ -97,26 +97,38 @@ class FailureNotice(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., quorum_id: _Optional[int] = ..., dead_replica_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ..., detected_unix_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class LeaseRecall(_message.Message):
-    __slots__ = ("lease_id", "quorum_id", "absent_replica_ids", "abort_from_step")
+    __slots__ = ("lease_id", "quorum_id", "absent_replica_ids", "abort_from_step", "valid_below_step")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     ABSENT_REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    VALID_BELOW_STEP_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     quorum_id: int
     absent_replica_ids: _containers.RepeatedScalarFieldContainer[str]
     abort_from_step: int
-    def __init__(self, lease_id: _Optional[int] = ..., quorum_id: _Optional[int] = ..., absent_replica_ids: _Optional[_Iterable[str]] = ..., abort_from_step: _Optional[int] = ...) -> None: ...
+    valid_below_step: int
+    def __init__(self, lease_id: _Optional[int] = ..., quorum_id: _Optional[int] = ..., absent_replica_ids: _Optional[_Iterable[str]] = ..., abort_from_step: _Optional[int] = ..., valid_below_step: _Optional[int] = ...) -> None: ...
+
+class LeaseFloor(_message.Message):
+    __slots__ = ("lease_id", "step")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    step: int
+    def __init__(self, lease_id: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class LivenessEvent(_message.Message):
-    __slots__ = ("epoch", "failure", "recall")
+    __slots__ = ("epoch", "failure", "recall", "floor")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     RECALL_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
     epoch: str
     failure: FailureNotice
     recall: LeaseRecall
-    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ...) -> None: ...
+    floor: LeaseFloor
+    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
     __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms")

@@ -21,7 +21,7 @@ from lighthouse.clock import Clock
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
-from lighthouse.types import FailureNotice, LeaseRecall, QuorumMember
+from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, QuorumMember
 
 log = logging.getLogger("lighthouse")
 
@@ -67,7 +67,8 @@ class LighthouseCore:
         self.state = QuorumState(epoch, committed)
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
-        self.leaving: set[str] = set()  # announced a clean shutdown on their liveness stream
+        # announced a clean shutdown on their liveness stream -> step committed through
+        self.leaving: dict[str, int] = {}
         self._last_imbalance_log = float("-inf")
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
@@ -110,8 +111,19 @@ class LighthouseCore:
         now = self.clock.now()
         self.state.heartbeat(replica_id, now)
         self.state.report_progress(replica_id, step, step_time_ms)
-        self.lease.progress(replica_id, step, now)
+        self._send_floor(self.lease.progress(replica_id, step, now))
         self._persist(now)
+
+    def _send_floor(self, floor: LeaseFloor | None) -> None:
+        """Tell the lease holders that every holder reached ``floor.step``."""
+        if floor is None:
+            return
+        payload = wire.encode_liveness_event(
+            self.epoch, floor=LeaseFloor(self.epoch, floor.lease_id, floor.step)
+        )
+        for rid in self.lease.holders:
+            for q in self.streams.get(rid, ()):
+                q.put_nowait(payload)
 
     def _persist(self, now: float) -> None:
         """Record the committed step (throttled; ``tick`` writes what was held back)."""
@@ -147,9 +159,10 @@ class LighthouseCore:
         self.streams.setdefault(replica_id, set()).add(queue)
         self.heartbeat(replica_id)
 
-    def replica_leaving(self, replica_id: str) -> None:
-        """``replica_id`` announced a clean shutdown: its stream closing is not a death."""
-        self.leaving.add(replica_id)
+    def replica_leaving(self, replica_id: str, committed_through: int = -1) -> None:
+        """``replica_id`` announced a clean shutdown: its stream closing is not a death.
+        ``committed_through``: it committed every round below this step (-1: unknown)."""
+        self.leaving[replica_id] = committed_through
 
     def stream_closed(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
         """The stream ended: with no other stream left, the replica is dead at once,
@@ -162,8 +175,10 @@ class LighthouseCore:
             return
         del self.streams[replica_id]
         if replica_id in self.leaving:
-            self.leaving.discard(replica_id)
-            self._send_recall(self.lease.recall_for_leave(self.epoch, replica_id))
+            committed_through = self.leaving.pop(replica_id)
+            recall, floor = self.lease.recall_for_leave(self.epoch, replica_id, committed_through)
+            self._send_recall(recall)
+            self._send_floor(floor)
             if self.state.forget(replica_id):
                 log.info("replica %s left (clean shutdown)", replica_id)
                 self.evaluate()

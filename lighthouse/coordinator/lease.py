@@ -13,8 +13,17 @@ on the holders' liveness streams, when:
   for it forever: the recall tells such a holder to fail that step now;
 - a holder stalls: another holder's leased step has been ahead of it for the
   join timeout (the holders ahead are stuck in collectives waiting for it);
-- a holder leaves cleanly (a death is told by the failure notice instead);
+- a holder leaves cleanly (a death is told by the failure notice instead):
+  the others may still finish their leased rounds below the step the leaver
+  committed through (``valid_below_step``), so a replica that finishes first
+  strands nobody;
 - a quorum issued at the join timeout leaves holders out.
+
+Alignment: the lease keeps its members in step as a quorum round would. Each
+holder reports every round it starts (an immediate liveness ping); when the
+slowest holder's step (the floor) rises, the lighthouse sends it to the
+holders (``LeaseFloor``), and a holder starts a leased round at step s only
+once the floor is >= s - 1: never more than one step ahead of the slowest.
 
 Recalls are sent when their content changes, so a burst of asks costs one
 message per holder per change. Steps come from the holders' liveness pings.
@@ -22,7 +31,7 @@ message per holder per change. Steps come from the holders' liveness pings.
 
 from __future__ import annotations
 
-from lighthouse.types import LeaseRecall, Quorum, QuorumMember
+from lighthouse.types import LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
 
 class QuorumLease:
@@ -35,7 +44,8 @@ class QuorumLease:
         self.holders: dict[str, int] = {}  # holder -> step of its latest round
         self._top = 0  # the highest step a holder reported
         self._top_since = 0.0  # when a holder first reported it
-        self._sent: tuple[int, tuple[str, ...], int] | None = None
+        self.floor = 0  # the lowest step a holder reported (last sent in a LeaseFloor)
+        self._sent: tuple[int, tuple[str, ...], int, int] | None = None
 
     def grant(self, lease_id: int, quorum: Quorum, now: float) -> None:
         """Lease ``quorum`` to all its members (replacing any older lease)."""
@@ -45,6 +55,7 @@ class QuorumLease:
         self.holders = {m.replica_id: m.step for m in quorum.participants}
         self._top = max(self.holders.values(), default=0)
         self._top_since = now
+        self.floor = min(self.holders.values(), default=0)
         self._sent = None
 
     def clear(self) -> None:
@@ -56,12 +67,28 @@ class QuorumLease:
         """``replica_id`` asked for a quorum: it no longer runs on the lease."""
         self.holders.pop(replica_id, None)
 
-    def progress(self, replica_id: str, step: int, now: float) -> None:
-        """A holder's liveness ping reports its latest round at ``step``."""
-        if replica_id in self.holders:
-            self.holders[replica_id] = step
-            if step > self._top:
-                self._top, self._top_since = step, now
+    def progress(self, replica_id: str, step: int, now: float) -> LeaseFloor | None:
+        """A holder's liveness ping reports its latest round at ``step``; the floor
+        to send the holders if it rose. O(holders) only when the slowest reports."""
+        old = self.holders.get(replica_id)
+        if old is None or step <= old:
+            return None
+        self.holders[replica_id] = step
+        if step > self._top:
+            self._top, self._top_since = step, now
+        if old == self.floor:  # it may have been the slowest
+            return self._raise_floor()
+        return None
+
+    def floor_event(self, epoch: str) -> LeaseFloor:
+        return LeaseFloor(epoch, self.lease_id, self.floor)
+
+    def _raise_floor(self) -> LeaseFloor | None:
+        floor = min(self.holders.values(), default=self.floor)
+        if floor <= self.floor:
+            return None
+        self.floor = floor
+        return LeaseFloor("", self.lease_id, floor)
 
     def recall_for_ask(self, epoch: str, waiting: list[QuorumMember]) -> LeaseRecall | None:
         """The recall due now that someone asked; ``waiting`` are the pending requests.
@@ -81,13 +108,21 @@ class QuorumLease:
             return None
         return self._once(epoch, behind, self._top)
 
-    def recall_for_leave(self, epoch: str, replica_id: str) -> LeaseRecall | None:
-        """``replica_id`` left cleanly while holding the lease: fail leased steps from
-        its last one (it may have left mid-step) and make the others ask."""
+    def recall_for_leave(
+        self, epoch: str, replica_id: str, committed_through: int
+    ) -> tuple[LeaseRecall | None, LeaseFloor | None]:
+        """``replica_id`` left cleanly while holding the lease, having committed every
+        round below ``committed_through`` (-1: unknown, use its last round's step):
+        the others keep the lease for rounds below that step, fail any leased round
+        at or above it (the leaver runs no collectives there) and ask for later
+        rounds. Also the floor, if the leaver was the slowest."""
         step = self.holders.pop(replica_id, None)
         if step is None or not self.holders:
-            return None
-        return self._once(epoch, (replica_id,), step)
+            return None, None
+        if committed_through < 0:
+            return self._once(epoch, (replica_id,), step), self._raise_floor()
+        recall = self._once(epoch, (replica_id,), committed_through, committed_through)
+        return recall, self._raise_floor()
 
     def recall_excluded(self, epoch: str) -> LeaseRecall | None:
         """For holders left out of a new quorum: fail any leased step (their peers left)."""
@@ -95,9 +130,11 @@ class QuorumLease:
             return None
         return LeaseRecall(epoch, self.lease_id, self.quorum_id, (), 0)
 
-    def _once(self, epoch: str, absent: tuple[str, ...], abort_from: int) -> LeaseRecall | None:
-        key = (self.lease_id, absent, abort_from)
+    def _once(
+        self, epoch: str, absent: tuple[str, ...], abort_from: int, valid_below: int = 0
+    ) -> LeaseRecall | None:
+        key = (self.lease_id, absent, abort_from, valid_below)
         if key == self._sent:
             return None
         self._sent = key
-        return LeaseRecall(epoch, self.lease_id, self.quorum_id, absent, abort_from)
+        return LeaseRecall(epoch, self.lease_id, self.quorum_id, absent, abort_from, valid_below)

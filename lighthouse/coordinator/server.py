@@ -314,24 +314,18 @@ class LighthouseServer:
         self.core.stream_opened(rid, queue)
         loop = asyncio.get_running_loop()
         reader = loop.create_task(self._read_pings(rid, context))
-        getter: asyncio.Task[bytes] | None = None
+        # The reader ending (EOF, a leaving ping, a bad ping) wakes the writer below
+        # with an empty payload, so the writer needs no per-event asyncio.wait.
+        reader.add_done_callback(lambda _: queue.put_nowait(b""))
         try:
             await context.write(wire.encode_liveness_event(self.epoch))
             while True:
-                getter = loop.create_task(queue.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    break
-                payload = getter.result()
-                if not payload:  # the core hung this stream up (heartbeat timeout)
+                payload = await queue.get()
+                if not payload:  # the reader ended, or the core hung this stream up
                     break
                 await context.write(payload)
-                if reader.done():
-                    break
         finally:
             reader.cancel()
-            if getter is not None:
-                getter.cancel()
             self.core.stream_closed(rid, queue)
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {reader.exception()}")
@@ -348,6 +342,6 @@ class LighthouseServer:
                     f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
                 )
             if leaving:
-                self.core.replica_leaving(rid)
+                self.core.replica_leaving(rid, step if step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
             self.core.progress(rid, step, step_time_ms)

@@ -8,12 +8,13 @@ generation while open, None while broken) and relays what comes back.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from lighthouse.replica.ranks import compute_quorum_result
-from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumResult
+from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumResult
 
 
 @dataclass
@@ -23,6 +24,8 @@ class _Lease:
     quorum: Quorum  # every participant at one step, so no leased round heals
     next_step: int  # the step the next leased round must be at
     generation: int  # the liveness stream's generation when granted
+    floor: int  # every holder started its round at this step or later
+    valid_below: int | None = None  # a member left: rounds at or above it must ask
     results: dict[tuple[int, bool], QuorumResult] = field(default_factory=dict)
 
 
@@ -44,13 +47,22 @@ class LeaseHolder:
         self._recalled = ("", 0)  # (lighthouse epoch, highest lease id recalled in it)
         self.leased_round: LeasedRound | None = None  # the latest round, if leased
         self.rounds = 0  # rounds answered from a lease
+        self.aligned_waits = 0  # leased rounds that waited for the slowest holder
+        self._floor_waiters: list[asyncio.Future[None]] = []  # on the server's loop
 
     def _set(self, lease: _Lease | None) -> None:
         if lease is self._lease:
             return
         self._lease = lease
+        self._wake()
         with self._changed:
             self._changed.notify_all()
+
+    def _wake(self) -> None:
+        waiters, self._floor_waiters = self._floor_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     @property
     def lease_id(self) -> int:
@@ -88,9 +100,54 @@ class LeaseHolder:
         at_next = tuple(replace(m, step=next_step) for m in quorum.participants)
         self._set(
             _Lease(
-                quorum.epoch, lease_id, replace(quorum, participants=at_next), next_step, generation
+                quorum.epoch,
+                lease_id,
+                replace(quorum, participants=at_next),
+                next_step,
+                generation,
+                floor=next_step - 1,
             )
         )
+
+    def must_wait(self, step: int, eligible: bool, generation: int | None) -> bool:
+        """True if a round at ``step`` would be answered from the lease but the
+        slowest holder has not started step - 1 yet (see ``wait_floor``)."""
+        lease = self._lease
+        return (
+            lease is not None
+            and eligible
+            and step == lease.next_step
+            and generation == lease.generation
+            and (lease.valid_below is None or step < lease.valid_below)
+            and lease.floor < step - 1
+        )
+
+    async def wait_floor(self, step: int, timeout_s: float) -> None:
+        """Wait (on the server's loop) until the floor reaches ``step - 1``, the lease
+        changes or ``timeout_s`` seconds pass; the caller then calls ``answer``."""
+        self.aligned_waits += 1
+        lease = self._lease
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while lease is self._lease and lease is not None and lease.floor < step - 1:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            w: asyncio.Future[None] = loop.create_future()
+            self._floor_waiters.append(w)
+            try:
+                await asyncio.wait_for(w, left)
+            except asyncio.TimeoutError:
+                return
+
+    def on_floor(self, floor: LeaseFloor) -> None:
+        """Every holder of ``floor``'s lease started step ``floor.step`` (on the loop)."""
+        lease = self._lease
+        if lease is None or (lease.epoch, lease.lease_id) != (floor.epoch, floor.lease_id):
+            return
+        if floor.step > lease.floor:
+            lease.floor = floor.step
+            self._wake()
 
     def answer(self, step: int, eligible: bool, generation: int | None) -> LeasedRound | None:
         """The leased answer for a round at ``step``, or None (and the lease is void):
@@ -102,6 +159,8 @@ class LeaseHolder:
             or not eligible
             or step != lease.next_step
             or generation != lease.generation
+            or (lease.valid_below is not None and step >= lease.valid_below)
+            or lease.floor < step - 1  # the slowest holder did not catch up in time
         ):
             self.drop()
             return None
@@ -117,11 +176,24 @@ class LeaseHolder:
     def on_recall(self, recall: LeaseRecall, resolved_step: int) -> FailureNotice | None:
         """Void the recalled lease; the step-scoped notice to relay if the leased step
         in progress (its vote not decided: ``resolved_step`` is the latest decided) is stranded."""
-        if self._recalled[0] != recall.epoch or self._recalled[1] < recall.lease_id:
-            self._recalled = (recall.epoch, recall.lease_id)
         lease = self._lease
-        if lease is not None and (lease.epoch, lease.lease_id) == (recall.epoch, recall.lease_id):
-            self._set(None)
+        ours = lease is not None and (lease.epoch, lease.lease_id) == (
+            recall.epoch,
+            recall.lease_id,
+        )
+        if recall.valid_below_step > 0 and ours:
+            assert lease is not None
+            # A member left cleanly: the lease still answers rounds below its step.
+            below = recall.valid_below_step
+            lease.valid_below = (
+                below if lease.valid_below is None else min(below, lease.valid_below)
+            )
+            self._wake()
+        else:
+            if self._recalled[0] != recall.epoch or self._recalled[1] < recall.lease_id:
+                self._recalled = (recall.epoch, recall.lease_id)
+            if ours:
+                self._set(None)
         leased = self.leased_round
         if (
             recall.abort_from_step < 0

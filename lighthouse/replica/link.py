@@ -25,7 +25,7 @@ from lighthouse.errors import (
     QuorumRejectedError,
     QuorumTimeoutError,
 )
-from lighthouse.types import FailureNotice, LeaseRecall, Quorum, QuorumMember
+from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
 log = logging.getLogger("lighthouse.manager")
 T = TypeVar("T")
@@ -46,7 +46,7 @@ class LighthouseLink:
         heartbeat_s: float,
         connect_s: float,
         retries: int,
-        on_notice: Callable[[FailureNotice | LeaseRecall], None],
+        on_notice: Callable[[FailureNotice | LeaseRecall | LeaseFloor], None],
     ) -> None:
         self.replica_id = replica_id
         self._lh_addr = addr
@@ -60,6 +60,8 @@ class LighthouseLink:
         self.generation = 0
         self.stream_open = False
         self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
+        self.committed_through = -1  # sent with the leaving ping (-1: unknown)
+        self._ping_now: asyncio.Event | None = None  # set: ping at once (a new round)
         self._epoch_cond = threading.Condition()
         self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
         self._task: asyncio.Task[None] | None = None
@@ -110,7 +112,12 @@ class LighthouseLink:
         if leave and call is not None and self._task is not None and not self._task.done():
             try:
                 await asyncio.wait_for(
-                    call.write(wire.encode_liveness_ping(self.replica_id, leaving=True)), 0.5
+                    call.write(
+                        wire.encode_liveness_ping(
+                            self.replica_id, leaving=True, step=max(self.committed_through, 0)
+                        )
+                    ),
+                    0.5,
                 )
                 await asyncio.wait_for(asyncio.shield(self._task), 0.5)
             except (
@@ -186,11 +193,31 @@ class LighthouseLink:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
+    def ping_soon(self) -> None:
+        """Send the current progress now rather than at the next heartbeat (on the loop):
+        lease holders wait for each other's round reports."""
+        if self._ping_now is not None:
+            self._ping_now.set()
+
     async def _ping(self, call: Any) -> None:
-        while True:
-            await asyncio.sleep(self._hb_s)
-            step, step_time_ms = self.progress
-            await call.write(wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms))
+        """Ping every heartbeat interval, and at once when ``ping_soon`` asks. A timer
+        handle per ping (not a ``wait_for`` task): this runs once per leased round."""
+        loop = asyncio.get_running_loop()
+        wake = self._ping_now = asyncio.Event()
+        timer: asyncio.TimerHandle | None = None
+        try:
+            while True:
+                timer = loop.call_later(self._hb_s, wake.set)
+                await wake.wait()
+                timer.cancel()
+                wake.clear()
+                step, step_time_ms = self.progress
+                await call.write(
+                    wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms)
+                )
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     async def quorum(self, member: QuorumMember, deadline: float) -> tuple[Quorum, int]:
         """Ask for a quorum; ``deadline`` is in event-loop time (seconds).

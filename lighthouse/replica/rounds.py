@@ -140,12 +140,35 @@ class QuorumRounds:
         step = reqs[0].step
         self._last_quorum_step = step
         self._link.progress = (step, max(r.step_time_ms for r in reqs))
+        self._link.ping_soon()  # lease holders wait for each other's round reports
         eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
-        leased = self._lease.answer(step, eligible, self._link.open_generation)
+        generation = self._link.open_generation
+        loop = asyncio.get_running_loop()
+        if self._lease.must_wait(step, eligible, generation):
+            g.task = loop.create_task(self._aligned_leased_round(g, fut, step, eligible))
+            return
+        leased = self._lease.answer(step, eligible, generation)
         if leased is not None:
             fut.set_result(leased)
             return
-        g.task = asyncio.get_running_loop().create_task(self._lighthouse_quorum(g, fut, step))
+        g.task = loop.create_task(self._lighthouse_quorum(g, fut, step))
+
+    async def _aligned_leased_round(
+        self, g: Gather, fut: asyncio.Future[Quorum | LeasedRound], step: int, eligible: bool
+    ) -> None:
+        """A leased round that must first let the slowest holder catch up (to step - 1).
+
+        Bounded by the round's deadline; a recall or a stall recall ends the wait
+        early, and the round then asks the lighthouse like any unleased round.
+        """
+        left = min(g.deadlines.values()) - asyncio.get_running_loop().time()
+        await self._lease.wait_floor(step, max(0.0, left))
+        leased = self._lease.answer(step, eligible, self._link.open_generation)
+        if leased is not None:
+            if not fut.done():
+                fut.set_result(leased)
+            return
+        await self._lighthouse_quorum(g, fut, step)
 
     async def _lighthouse_quorum(
         self, g: Gather, fut: asyncio.Future[Quorum | LeasedRound], step: int
@@ -217,6 +240,8 @@ class QuorumRounds:
             self._vote = None
             self.resolved_step = max(self.resolved_step, step)
             no = sorted(r for r, ok in v.votes.items() if not ok)
+            if not no:  # told to the lighthouse when leaving: peers may finish below it
+                self._link.committed_through = max(self._link.committed_through, step + 1)
             if no:
                 log.info(
                     "%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no

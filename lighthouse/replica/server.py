@@ -43,7 +43,7 @@ from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.rounds import QuorumRounds
-from lighthouse.types import FailureNotice, LeaseRecall
+from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall
 
 __all__ = ["ManagerServer"]
 
@@ -223,8 +223,11 @@ class ManagerServer:
         return self._lease.wait(held, timeout)
 
     # -- failure notices and lease recalls ---------------------------------------------------
-    def _on_event(self, event: FailureNotice | LeaseRecall) -> None:
+    def _on_event(self, event: FailureNotice | LeaseRecall | LeaseFloor) -> None:
         """An event from the lighthouse's liveness stream (on the loop)."""
+        if isinstance(event, LeaseFloor):
+            self._lease.on_floor(event)
+            return
         if isinstance(event, LeaseRecall):
             self._on_recall(event)
             return

@@ -9,7 +9,7 @@ from lighthouse.clock import FakeClock
 from lighthouse.coordinator.core import LighthouseCore
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import QuorumConfig
-from lighthouse.types import LeaseRecall, Quorum, QuorumMember
+from lighthouse.types import LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
 
 def quorum(steps: dict[str, int], quorum_id: int = 4) -> Quorum:
@@ -53,12 +53,37 @@ def test_a_holder_behind_the_others_for_the_join_timeout_is_a_stall() -> None:
     assert lease.recall_for_stall("ep", 3.6, join_timeout_s=0.5) is None  # once
 
 
-def test_a_clean_leave_recalls_from_the_leavers_last_step() -> None:
+def test_a_clean_leave_of_unknown_progress_recalls_from_the_leavers_last_step() -> None:
     lease = QuorumLease()
     lease.grant(3, quorum({"a": 5, "b": 5}), now=0.0)
     lease.progress("b", 9, 1.0)
-    assert lease.recall_for_leave("ep", "b") == LeaseRecall("ep", 3, 4, ("b",), 9)
-    assert lease.recall_for_leave("ep", "a") is None  # the last holder: nobody to tell
+    assert lease.recall_for_leave("ep", "b", -1) == (LeaseRecall("ep", 3, 4, ("b",), 9), None)
+    assert lease.recall_for_leave("ep", "a", -1) == (None, None)  # nobody left to tell
+
+
+def test_a_leaver_that_committed_first_lets_the_others_finish_below_its_step() -> None:
+    """The first replica to reach the end leaves after committing step 9; the others,
+    one step behind, still finish rounds below 10 on the lease (nobody is stranded)."""
+    lease = QuorumLease()
+    lease.grant(3, quorum({"a": 5, "b": 5, "c": 5}), now=0.0)
+    for rid, step in (("a", 9), ("b", 8), ("c", 9)):
+        lease.progress(rid, step, 1.0)
+    recall, floor = lease.recall_for_leave("ep", "a", 10)
+    assert recall == LeaseRecall("ep", 3, 4, ("a",), 10, valid_below_step=10)
+    assert floor is None  # b (step 8) is still the slowest
+    recall, floor = lease.recall_for_leave("ep", "b", 10)
+    assert floor == LeaseFloor("", 3, 9)  # b was the slowest: c alone sets the floor
+
+
+def test_the_floor_rises_only_when_the_slowest_holder_moves() -> None:
+    lease = QuorumLease()
+    lease.grant(1, quorum({"a": 5, "b": 5, "c": 5}), now=0.0)
+    assert lease.floor == 5
+    assert lease.progress("a", 6, 0.1) is None
+    assert lease.progress("b", 6, 0.1) is None
+    assert lease.progress("c", 6, 0.2) == LeaseFloor("", 1, 6)  # the last to start step 6
+    assert lease.progress("c", 6, 0.3) is None  # a repeated report changes nothing
+    assert lease.progress("a", 7, 0.3) is None
 
 
 def run(coro: object) -> None:
