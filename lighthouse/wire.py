@@ -86,16 +86,22 @@ def _quorum_from_pb(p: pb.Quorum) -> Quorum:
     )
 
 
-def encode_lighthouse_quorum_request(m: QuorumMember) -> bytes:
-    req = pb.LighthouseQuorumRequest()
+def encode_lighthouse_quorum_request(m: QuorumMember, timeout_ms: int = 0) -> bytes:
+    """``timeout_ms``: how long the requester waits (0: the call's deadline only)."""
+    req = pb.LighthouseQuorumRequest(timeout_ms=max(0, timeout_ms))
     _member_to_pb(m, req.requester)
     return req.SerializeToString()
 
 
 def decode_lighthouse_quorum_request(data: bytes) -> QuorumMember:
+    return decode_lighthouse_quorum_request_timeout(data)[0]
+
+
+def decode_lighthouse_quorum_request_timeout(data: bytes) -> tuple[QuorumMember, int]:
+    """(the requester, how long it waits in milliseconds; 0: unknown)."""
     req = _parse(pb.LighthouseQuorumRequest, data)
     assert isinstance(req, pb.LighthouseQuorumRequest)
-    return _member_from_pb(req.requester)
+    return _member_from_pb(req.requester), req.timeout_ms
 
 
 def encode_lighthouse_quorum_response(q: Quorum, lease_id: int = 0) -> bytes:

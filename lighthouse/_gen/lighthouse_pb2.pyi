@@ -43,10 +43,12 @@ class Quorum(_message.Message):
     def __init__(self, quorum_id: _Optional[int] = ..., epoch: _Optional[str] = ..., participants: _Optional[_Iterable[_Union[QuorumMember, _Mapping]]] = ..., created_unix_ms: _Optional[int] = ...) -> None: ...
 
 class LighthouseQuorumRequest(_message.Message):
-    __slots__ = ("requester",)
+    __slots__ = ("requester", "timeout_ms")
     REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     requester: QuorumMember
-    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, requester: _Optional[_Union[QuorumMember, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class LighthouseQuorumResponse(_message.Message):
     __slots__ = ("quorum", "lease_id")

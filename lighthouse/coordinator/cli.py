@@ -17,6 +17,8 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
     DEFAULT_MIN_REPLICAS,
+    DEFAULT_QUARANTINE_AFTER_FAILURES,
+    DEFAULT_QUARANTINE_BASE_MS,
     DEFAULT_QUORUM_TICK_MS,
 )
 from lighthouse.coordinator.server import LighthouseServer
@@ -80,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="issue a quorum even below the job's committed step (restart a job from older "
         "state on purpose)",
     )
+    p.add_argument(
+        "--quarantine-after-failures",
+        type=int,
+        default=DEFAULT_QUARANTINE_AFTER_FAILURES,
+        help="consecutive failed steps of a whole quorum after which its members that never "
+        "committed (while others have) sit out for a while; 0 disables",
+    )
+    p.add_argument(
+        "--quarantine-base-ms",
+        type=int,
+        default=DEFAULT_QUARANTINE_BASE_MS,
+        help="first quarantine's length in milliseconds, doubled per repeat (at most 600 s)",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -113,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             hostname=args.hostname,
             state_file=state_file_for(args.state_file, args.bind),
             allow_step_reset=args.allow_step_reset,
+            quarantine_after_failures=args.quarantine_after_failures,
+            quarantine_base_ms=args.quarantine_base_ms,
         )
     except (ValueError, OSError) as exc:
         print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)

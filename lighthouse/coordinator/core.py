@@ -72,6 +72,7 @@ class LighthouseCore:
         self._last_imbalance_log = float("-inf")
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
+        self.recent_quarantines: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
         self.lease = QuorumLease()
         self._last_wait_log = clock.now()
@@ -87,13 +88,22 @@ class LighthouseCore:
             )
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self.waiters[rid] = fut
-        self.state.request(member, self.clock.now())
+        now = self.clock.now()
+        self.state.request(member, now)
         self.lease.asked(rid)
-        if self.lease.holders:
+        if self.lease.holders and not self.state.is_quarantined(rid, now):
             waiting = [p.member for p in self.state.pending.values()]
             self._send_recall(self.lease.recall_for_ask(self.epoch, waiting))
         self.evaluate()
         return fut
+
+    def quarantine_reason(self, replica_id: str) -> str | None:
+        """Why ``replica_id`` is quarantined now, or None if it is not."""
+        now = self.clock.now()
+        if not self.state.is_quarantined(replica_id, now):
+            return None
+        q = self.state.quarantined[replica_id]
+        return f"replica {replica_id!r} is quarantined for {q.until - now:.1f} s more (strike {q.strikes}): {q.reason}"
 
     def withdraw(self, replica_id: str, fut: asyncio.Future[bytes]) -> None:
         """The request behind ``fut`` was cancelled (deadline, client gone): forget it."""
@@ -268,6 +278,27 @@ class LighthouseCore:
         """Run the rules once; issue and deliver a quorum if they say so."""
         now = self.clock.now()
         d = decide_quorum(now, self.state, self.config)
+        if d.quarantine:
+            self.state.quarantine(d.quarantine, now, self.config, d.reason)
+            for rid in d.quarantine:
+                q = self.state.quarantined[rid]
+                self.recent_quarantines.append(
+                    {
+                        "replica_id": rid,
+                        "seconds": round(q.until - now, 3),
+                        "strikes": q.strikes,
+                        "reason": q.reason,
+                        "unix_ms": _unix_ms(),
+                    }
+                )
+                log.warning(
+                    "quarantined replica %s for %.1f s (strike %d): %s",
+                    rid,
+                    q.until - now,
+                    q.strikes,
+                    d.reason,
+                )
+            d = decide_quorum(now, self.state, self.config)  # without them
         if d.kind != self.decision.kind:
             level = logging.DEBUG if d.kind in ("fast", "idle") else logging.INFO
             log.log(logging.WARNING if d.kind == "below_committed" else level, "%s", d.reason)
@@ -290,7 +321,7 @@ class LighthouseCore:
         # holders still on the lease were left out at the join timeout: their peers moved on
         self._send_recall(self.lease.recall_excluded(self.epoch))
         lease_id = 0
-        if self.config.lease and not self.state.pending:
+        if self.config.lease and not self.state.asking(now):
             lease_id = self.quorums_issued
             self.lease.grant(lease_id, quorum, now)
         else:
@@ -368,6 +399,17 @@ class LighthouseCore:
             "live": live[:1000],
             "live_count": len(live),
             "recent_deaths": list(self.recent_deaths),
+            "quarantined": [
+                {
+                    "replica_id": rid,
+                    "remaining_s": round(q.until - now, 3),
+                    "strikes": q.strikes,
+                    "reason": q.reason,
+                }
+                for rid, q in state.quarantined.items()
+                if q.until > now
+            ],
+            "recent_quarantines": list(self.recent_quarantines),
             "step_report": step_report,
             "config": asdict(self.config),
         }

@@ -24,6 +24,16 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    the job silently from older (e.g. initial) weights. Replicas that load a
    checkpoint at or past the committed step ask at that step and pass.
 
+7. Quarantine: when every member of the previous quorum asks again having
+   failed ``quarantine_after_failures`` steps in a row, and some of them have
+   committed a step with the lighthouse before (proven) while others never
+   have, the unproven ones are the likely cause (e.g. a member whose
+   ``configure`` always fails): they are left out of quorums for a backoff
+   (``quarantine_base_s``, doubling per repeat up to ``QUARANTINE_MAX_S``) so
+   the others continue. Their requests wait; when the backoff ends they are
+   admitted again on probation. If nobody or everybody is proven the failure
+   cannot be pinned on a member and nothing is quarantined.
+
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
 never be put into a quorum nobody receives), a replica whose liveness stream
@@ -48,6 +58,9 @@ DEFAULT_MIN_REPLICAS = 1
 DEFAULT_JOIN_TIMEOUT_MS = 10_000
 DEFAULT_QUORUM_TICK_MS = 100
 DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
+DEFAULT_QUARANTINE_AFTER_FAILURES = 3
+DEFAULT_QUARANTINE_BASE_MS = 30_000
+QUARANTINE_MAX_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,9 @@ class QuorumConfig:
     skip the lighthouse on steps where nothing changes.
     ``allow_step_reset``: let a quorum start below the job's committed step (rule 6);
     the operator's explicit choice to restart a job from older state.
+    ``quarantine_after_failures``: consecutive failed steps of a whole quorum before
+    its unproven members are quarantined (rule 7); 0 disables quarantine.
+    ``quarantine_base_s``: the first quarantine's length, doubled per repeat.
     """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
@@ -65,6 +81,8 @@ class QuorumConfig:
     heartbeat_timeout_s: float = DEFAULT_HEARTBEAT_TIMEOUT_MS / 1000
     lease: bool = True
     allow_step_reset: bool = False
+    quarantine_after_failures: int = DEFAULT_QUARANTINE_AFTER_FAILURES
+    quarantine_base_s: float = DEFAULT_QUARANTINE_BASE_MS / 1000
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -73,6 +91,12 @@ class QuorumConfig:
             raise ValueError(f"join_timeout_s must be >= 0, got {self.join_timeout_s}")
         if self.heartbeat_timeout_s <= 0:
             raise ValueError(f"heartbeat_timeout_s must be > 0, got {self.heartbeat_timeout_s}")
+        if self.quarantine_after_failures < 0:
+            raise ValueError(
+                f"quarantine_after_failures must be >= 0, got {self.quarantine_after_failures}"
+            )
+        if self.quarantine_base_s <= 0:
+            raise ValueError(f"quarantine_base_s must be > 0, got {self.quarantine_base_s}")
 
 
 @dataclass(frozen=True)
@@ -80,13 +104,25 @@ class Decision:
     """``members`` (sorted by replica id) when a quorum should be issued, else None.
 
     ``kind`` is a stable tag (``fast``, ``ready``, ``idle``, ``min_replicas``,
-    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``, ``below_committed``);
-    ``reason`` says why in words.
+    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``, ``below_committed``,
+    ``quarantine``); ``reason`` says why in words. ``quarantine``: replica ids the
+    caller must quarantine (``QuorumState.quarantine``) before deciding again.
     """
 
     members: tuple[QuorumMember, ...] | None
     reason: str
     kind: str
+    quarantine: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """A replica left out of quorums until ``until`` (seconds, the clock's), the
+    ``strikes``-th time, and why."""
+
+    until: float
+    strikes: int
+    reason: str
 
 
 @dataclass
@@ -115,6 +151,11 @@ class QuorumState:
         self._prev_set: frozenset[str] = frozenset()
         self.prev_pending = 0  # members of prev that are pending
         self.shrink_pending = 0  # pending requests with shrink_only
+        # Rule 7: replicas that committed a step in a quorum of this lighthouse, and
+        # the quarantined (kept after release for the backoff; dropped when forgotten).
+        self.proven: set[str] = set()
+        self.quarantined: dict[str, Quarantine] = {}
+        self._now = 0.0  # the latest time seen (seconds), for quarantine expiry
 
     # -- signs of life ---------------------------------------------------------------
     def heartbeat(self, replica_id: str, now: float) -> None:
@@ -127,6 +168,8 @@ class QuorumState:
         rid = member.replica_id
         self.withdraw(rid)
         self.heartbeat(rid, now)
+        if member.commit_failures == 0 and rid in self._prev_set:
+            self.proven.add(rid)  # it committed the step of the previous quorum
         self.pending[rid] = _Pending(member, now)
         self.last_member[rid] = member
         if member.step > self.committed_step:
@@ -163,6 +206,8 @@ class QuorumState:
         """
         had = self.withdraw(replica_id)
         self.last_member.pop(replica_id, None)
+        self.proven.discard(replica_id)
+        self.quarantined.pop(replica_id, None)
         return self.seen.pop(replica_id, None) is not None or had
 
     def expired(self, now: float, timeout_s: float) -> list[str]:
@@ -194,17 +239,43 @@ class QuorumState:
         return dead
 
     def live_count(self, now: float, timeout_s: float) -> int:
-        """Number of live replicas at ``now`` (pending requesters always count)."""
-        return len(self.seen) - len(self.expired(now, timeout_s))
+        """Number of live replicas at ``now`` that are not quarantined (pending
+        requesters always count)."""
+        held = sum(1 for rid in self.seen if self.is_quarantined(rid, now))
+        return len(self.seen) - len(self.expired(now, timeout_s)) - held
+
+    # -- quarantine (rule 7) -------------------------------------------------------------
+    def is_quarantined(self, replica_id: str, now: float) -> bool:
+        q = self.quarantined.get(replica_id)
+        return q is not None and q.until > now
+
+    def quarantine(
+        self, replica_ids: tuple[str, ...], now: float, config: QuorumConfig, why: str
+    ) -> None:
+        """Leave ``replica_ids`` out of quorums for the backoff of their next strike."""
+        for rid in replica_ids:
+            old = self.quarantined.get(rid)
+            strikes = 1 if old is None else old.strikes + 1
+            length = min(config.quarantine_base_s * 2 ** (strikes - 1), QUARANTINE_MAX_S)
+            self.quarantined[rid] = Quarantine(now + length, strikes, why)
+
+    def asking(self, now: float) -> int:
+        """Pending requests that are not quarantined."""
+        if not self.quarantined:
+            return len(self.pending)
+        return sum(1 for rid in self.pending if not self.is_quarantined(rid, now))
 
     # -- deciding ----------------------------------------------------------------------
     def earliest_joined(self) -> float:
         """When the oldest pending request arrived (seconds); requires one."""
         return next(iter(self.pending.values())).joined
 
-    def candidates(self, shrink_only: bool) -> tuple[QuorumMember, ...]:
-        """Pending members sorted by replica id; under shrink_only only previous members."""
+    def candidates(self, shrink_only: bool, now: float) -> tuple[QuorumMember, ...]:
+        """Pending members that are not quarantined, sorted by replica id; under
+        shrink_only only previous members."""
         members = [p.member for p in self.pending.values()]
+        if self.quarantined:
+            members = [m for m in members if not self.is_quarantined(m.replica_id, now)]
         if shrink_only and self.prev is not None:
             members = [m for m in members if m.replica_id in self._prev_set]
         members.sort(key=lambda m: m.replica_id)
@@ -243,13 +314,17 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
 
     O(1) when not ready; O(N log N) to list the members when ready.
     """
-    n = len(state.pending)
+    n = state.asking(now)
     if n == 0:
+        if state.pending:
+            return Decision(
+                None, f"idle: the {len(state.pending)} waiting replica(s) are quarantined", "idle"
+            )
         return Decision(None, "idle: no replica is waiting for a quorum", "idle")
     shrink = state.shrink_pending > 0
     prev = state.prev
     if prev is not None and state.prev_pending == len(prev.participants):
-        members = state.candidates(shrink)
+        members = state.candidates(shrink, now)
         joiners = len(members) - len(prev.participants)
         held = n - len(members)
         reason = f"fast quorum: all {len(prev.participants)} members of quorum {prev.quorum_id} asked again"
@@ -257,7 +332,11 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             reason += f", admitting {joiners} joiner(s)"
         if held:
             reason += f", shrink_only holds {held} newcomer(s) back"
-        return _refusal(members, state, config) or Decision(members, reason, "fast")
+        return (
+            _quarantine_suspects(members, state, config, now)
+            or _refusal(members, state, config)
+            or Decision(members, reason, "fast")
+        )
     tail = f"[{n} asked, shrink_only={shrink}]"
     if n < config.min_replicas:
         return Decision(
@@ -283,7 +362,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
                 f"for {stragglers} live replica(s) that have not asked {tail}",
                 "join_timeout",
             )
-    members = state.candidates(shrink)
+    members = state.candidates(shrink, now)
     if not members:
         return Decision(
             None,
@@ -293,7 +372,33 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     reason = f"quorum of {len(members)}: {n} of {live} live replicas asked"
     if stragglers > 0:
         reason += f"; join_timeout passed, leaving {stragglers} straggler(s) out"
-    return _refusal(members, state, config) or Decision(members, reason, "ready")
+    return (
+        _quarantine_suspects(members, state, config, now)
+        or _refusal(members, state, config)
+        or Decision(members, reason, "ready")
+    )
+
+
+def _quarantine_suspects(
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig, now: float
+) -> Decision | None:
+    """Rule 7: a "quarantine" decision naming the unproven ``members`` if every one of
+    them failed ``quarantine_after_failures`` steps in a row and some are proven."""
+    k = config.quarantine_after_failures
+    if k <= 0 or len(members) < 2:
+        return None
+    failures = min(m.commit_failures for m in members)
+    if failures < k:
+        return None
+    suspects = tuple(m.replica_id for m in members if m.replica_id not in state.proven)
+    if not suspects or len(suspects) == len(members):
+        return None  # nobody or everybody is unproven: the failure is not attributable
+    why = (
+        f"every member of the would-be quorum failed at least {failures} steps in a row, "
+        f"{len(members) - len(suspects)} of them committed steps before; "
+        f"{list(suspects)} never committed a step with this lighthouse"
+    )
+    return Decision(None, f"quarantining {list(suspects)}: {why}", "quarantine", suspects)
 
 
 def _refusal(

@@ -27,6 +27,8 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
     DEFAULT_MIN_REPLICAS,
+    DEFAULT_QUARANTINE_AFTER_FAILURES,
+    DEFAULT_QUARANTINE_BASE_MS,
     DEFAULT_QUORUM_TICK_MS,
     QuorumConfig,
 )
@@ -89,6 +91,12 @@ class LighthouseServer:
             are still alive.
         allow_step_reset: issue a quorum even if its highest step is below the
             job's committed step (an operator restarting a job from older state).
+        quarantine_after_failures: consecutive failed steps of a whole quorum after
+            which its members that never committed a step (while others have)
+            are left out of quorums for a while (e.g. one that can never
+            configure); 0 disables it.
+        quarantine_base_ms: the first quarantine's length in milliseconds
+            (doubled per repeat, at most 600 s); None = 30_000.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -108,11 +116,17 @@ class LighthouseServer:
         epoch: str | None = None,
         state_file: str | os.PathLike[str] | None = None,
         allow_step_reset: bool = False,
+        quarantine_after_failures: int = DEFAULT_QUARANTINE_AFTER_FAILURES,
+        quarantine_base_ms: int | None = None,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
-        if isinstance(min_replicas, bool) or not isinstance(min_replicas, int):
-            raise TypeError(f"min_replicas must be an int, got {min_replicas!r}")
+        for name, value in (
+            ("min_replicas", min_replicas),
+            ("quarantine_after_failures", quarantine_after_failures),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
         join_timeout_ms = _ms_arg("join_timeout_ms", join_timeout_ms, DEFAULT_JOIN_TIMEOUT_MS, 0)
         quorum_tick_ms = _ms_arg("quorum_tick_ms", quorum_tick_ms, DEFAULT_QUORUM_TICK_MS, 1)
         heartbeat_timeout_ms = _ms_arg(
@@ -124,6 +138,11 @@ class LighthouseServer:
             heartbeat_timeout_s=heartbeat_timeout_ms / 1000,
             lease=quorum_lease,
             allow_step_reset=allow_step_reset,
+            quarantine_after_failures=quarantine_after_failures,
+            quarantine_base_s=_ms_arg(
+                "quarantine_base_ms", quarantine_base_ms, DEFAULT_QUARANTINE_BASE_MS, 1
+            )
+            / 1000,
         )
         self._tick_s = quorum_tick_ms / 1000
         bind_host, _ = split_host_port(bind, "bind")
@@ -253,11 +272,16 @@ class LighthouseServer:
         refused step reset) instead of a bare timeout.
         """
         try:
-            member = validate.check_member(wire.decode_lighthouse_quorum_request(request))
+            member, timeout_ms = wire.decode_lighthouse_quorum_request_timeout(request)
+            validate.check_member(member)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         fut = self.core.request(member)
         remaining = context.time_remaining()
+        if timeout_ms > 0:
+            remaining = (
+                timeout_ms / 1000 if remaining is None else min(remaining, timeout_ms / 1000)
+            )
         try:
             if remaining is None:
                 return await fut
@@ -272,7 +296,8 @@ class LighthouseServer:
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"{rpc}: no quorum for {member.replica_id!r} at step {member.step} before its "
-                f"deadline: {self.core.decision.reason}",
+                f"deadline: "
+                f"{self.core.quarantine_reason(member.replica_id) or self.core.decision.reason}",
             )
         finally:
             self.core.withdraw(member.replica_id, fut)

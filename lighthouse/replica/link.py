@@ -227,7 +227,6 @@ class LighthouseLink:
         ``connect_s`` of unreachability), ``QuorumRejectedError`` or ``FaultToleranceError``.
         """
         loop = asyncio.get_running_loop()
-        payload = wire.encode_lighthouse_quorum_request(member)
         first_unavailable: float | None = None
         retries = 0
         delay = 0.05
@@ -238,6 +237,8 @@ class LighthouseLink:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise timeout
+            # the lighthouse answers just before this with its reason if no quorum forms
+            payload = wire.encode_lighthouse_quorum_request(member, int(remaining * 1000))
             reply, code, details = await self._ask(payload, remaining)
             if reply is not None:
                 try:
@@ -247,6 +248,8 @@ class LighthouseLink:
                         f"lighthouse at {self._lh_addr} sent a malformed quorum reply: {exc}"
                     ) from exc
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                if details and not details.startswith("no quorum within"):
+                    raise QuorumTimeoutError(f"{timeout}: {details}")  # the lighthouse's reason
                 raise timeout
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 now = loop.time()

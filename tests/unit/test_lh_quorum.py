@@ -273,3 +273,64 @@ def test_committed_step_grows_with_requests_and_lease_progress() -> None:
     ask(state, clock, "b", step=11)
     d = decide_quorum(clock.now(), state, cfg)
     assert d.kind == "below_committed" and "committed step 12" in d.reason
+
+
+QCFG = QuorumConfig(
+    min_replicas=1,
+    join_timeout_s=1.0,
+    heartbeat_timeout_s=60.0,
+    quarantine_after_failures=3,
+    quarantine_base_s=10.0,
+)
+
+
+def _round(state: QuorumState, clock: FakeClock, failures: dict[str, int]) -> tuple[str, list[str]]:
+    for rid, cf in failures.items():
+        ask(state, clock, rid, step=5, commit_failures=cf)
+    d = decide_quorum(clock.now(), state, QCFG)
+    if d.quarantine:
+        state.quarantine(d.quarantine, clock.now(), QCFG, d.reason)
+        return "quarantine:" + ",".join(d.quarantine), []
+    if d.members is None:
+        return d.kind, []
+    return d.kind, state.issue(d.members, clock.now(), 0).replica_ids
+
+
+def test_a_member_that_breaks_every_step_is_quarantined_with_backoff_and_the_rest_go_on() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    assert _round(state, clock, {"a": 0, "b": 0})[1] == ["a", "b"]
+    assert _round(state, clock, {"a": 0, "b": 0})[1] == ["a", "b"]  # both committed: proven
+    assert _round(state, clock, {"a": 0, "b": 0, "x": 0})[1] == ["a", "b", "x"]  # x joins
+    for cf in (1, 2):  # every step with x fails for everyone: not yet attributable
+        assert _round(state, clock, {"a": cf, "b": cf, "x": cf})[1] == ["a", "b", "x"]
+    assert _round(state, clock, {"a": 3, "b": 3, "x": 3})[0] == "quarantine:x"
+    d = decide_quorum(clock.now(), state, QCFG)
+    assert d.members is not None and [m.replica_id for m in d.members] == ["a", "b"]
+    state.issue(d.members, clock.now(), 0)
+    assert state.live_count(clock.now(), 60.0) == 2  # x sits out of the split-brain count too
+    # a and b commit without x; x keeps waiting until its backoff ends
+    assert _round(state, clock, {"a": 0, "b": 0})[1] == ["a", "b"]
+    clock.advance(10.5)
+    ask(state, clock, "x", step=5, commit_failures=4)
+    assert _round(state, clock, {"a": 0, "b": 0})[1] == ["a", "b", "x"]  # on probation
+    for cf in (1, 2):
+        _round(state, clock, {"a": cf, "b": cf, "x": cf + 4})
+    assert _round(state, clock, {"a": 3, "b": 3, "x": 7})[0] == "quarantine:x"
+    q = state.quarantined["x"]
+    assert q.strikes == 2 and q.until - clock.now() == 20.0  # doubled
+    assert "never committed a step" in q.reason
+
+
+def test_no_quarantine_when_the_failure_cannot_be_pinned_on_a_member() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    _round(state, clock, {"a": 0, "b": 0})
+    _round(state, clock, {"a": 0, "b": 0})  # both proven
+    for cf in range(1, 6):  # a systemic failure: everyone proven, nobody to blame
+        assert _round(state, clock, {"a": cf, "b": cf})[1] == ["a", "b"]
+    fresh = QuorumState("e")  # nobody ever committed: nobody is proven either
+    for cf in range(0, 6):
+        assert _round(fresh, clock, {"c": cf, "d": cf})[1] == ["c", "d"]
+    off = QuorumConfig(min_replicas=1, join_timeout_s=1.0, quarantine_after_failures=0)
+    assert off.quarantine_after_failures == 0
+    with pytest.raises(ValueError, match="quarantine_after_failures must be >= 0, got -1"):
+        QuorumConfig(quarantine_after_failures=-1)
