@@ -20,7 +20,7 @@ from torch.nn import parallel
 from torchft_pg.manager import Manager
 from torchft_pg.process_group.dummy import ProcessGroupDummy
 
-__all__ = ["DistributedDataParallel"]
+__all__ = ["DistributedDataParallel", "PureDistributedDataParallel"]
 
 
 class DistributedDataParallel(parallel.DistributedDataParallel):
@@ -40,3 +40,29 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
 
 def _manager_comm_hook(manager: Manager, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     return manager.allreduce(bucket.buffer()).get_future()
+
+
+class PureDistributedDataParallel(torch.nn.Module):
+    """Data parallel without torch's reducer: one `manager.allreduce` per gradient,
+    issued as each parameter's gradient is accumulated (torchft's class of the
+    same name).
+
+    Simple and slow (one collective per parameter, no bucketing); prefer
+    `DistributedDataParallel`. Nothing waits on the reductions during backward:
+    `manager.should_commit()` waits for every one of them before it votes, so
+    the optimizer step (through `OptimizerWrapper`) sees averaged gradients.
+    """
+
+    def __init__(self, manager: Manager, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+        def reduce_grad(param: torch.Tensor) -> None:
+            if param.grad is not None:
+                manager.allreduce(param.grad)
+
+        for param in module.parameters():
+            param.register_post_accumulate_grad_hook(reduce_grad)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)

@@ -456,6 +456,8 @@ class Manager:
             self.wait_quorum()
         except Exception as e:
             self.report_error(e)
+        # the step's collectives nobody waited on (e.g. per-parameter hooks) end first
+        self._notices.wait_inflight(self._timeout.total_seconds())
         pg_error = self._pg.errored()
         if pg_error is not None:
             self.report_error(pg_error)

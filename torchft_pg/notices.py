@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,22 @@ class NoticeRouter:
         with self._inflight_lock:
             self._inflight.add(proxy)
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
+
+    def wait_inflight(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s`` seconds in all) until every tracked collective
+        has completed or failed: a vote must see the step's last allreduce, also
+        one nobody waited on (a per-parameter gradient hook). Failures are
+        reported by the proxies themselves, never raised here."""
+        with self._inflight_lock:
+            waiting = list(self._inflight)
+        deadline = time.monotonic() + timeout_s
+        for proxy in waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            done = threading.Event()
+            proxy.future.add_done_callback(lambda _, done=done: done.set())  # type: ignore[misc]
+            done.wait(left)
 
     def _forget(self, proxy: ProxyFuture[Any]) -> None:
         with self._inflight_lock:

@@ -124,3 +124,39 @@ def test_optimizer_wrapper_takes_torchfts_keywords() -> None:
     with pytest.raises(TypeError, match="optimizer"):
         OptimizerWrapper(manager, optim=object())  # type: ignore[arg-type]
     manager.shutdown()
+
+
+def test_pure_ddp_reduces_each_gradient_and_the_vote_waits_for_them() -> None:
+    """torchft's PureDistributedDataParallel: per-parameter allreduces nobody waits
+    on during backward; should_commit waits for them before voting."""
+    from torchft_pg.ddp import PureDistributedDataParallel
+
+    manager, client, _, pg = make([result(world=2)])
+    model = torch.nn.Linear(3, 1)
+    ddp = PureDistributedDataParallel(manager, model)
+    optim = OptimizerWrapper(manager, torch.optim.SGD(model.parameters(), lr=1.0))
+    before = model.weight.detach().clone()
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True
+    ddp(torch.ones(2, 3)).sum().backward()
+    assert len(pg.pending) == 2  # weight and bias, issued from the hooks
+    local_grad = model.weight.grad.detach().clone()  # type: ignore[union-attr]
+    voted = threading.Event()
+
+    def step() -> None:
+        optim.step()
+        voted.set()
+
+    stepper = threading.Thread(target=step)
+    stepper.start()
+    assert not voted.wait(0.3)  # still waiting for the reductions, not voting yet
+    for fut in pg.pending:
+        fut.set_result(None)  # the peers' sums arrive (SumGroup's result: the same grads)
+    assert voted.wait(5.0)
+    stepper.join(5.0)
+    assert client.votes[-1] == (0, True)
+    # averaged over 2 participants: this fake's sum is the local value, so grad / 2
+    torch.testing.assert_close(model.weight.grad, local_grad / 2)
+    torch.testing.assert_close(model.weight.detach(), before - local_grad / 2)
+    manager.shutdown()
