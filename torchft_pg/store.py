@@ -12,7 +12,7 @@ server went away is detected (one round trip) and replaced.
 
 from __future__ import annotations
 
-import re
+import ipaddress
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,10 +28,38 @@ __all__ = [
 ]
 
 _DEFAULT_TIMEOUT = timedelta(seconds=60)
-# host:port/prefix where host is a name, an IPv4 literal or a bracketed IPv6 literal.
-_ADDRESS = re.compile(
-    r"^(?:\[(?P<v6>[0-9A-Fa-f:.%\w]+)\]|(?P<host>[^:/\[\]]+)):(?P<port>\d+)(?:/(?P<prefix>.*))?$"
+_FORMS = (
+    "'host:port/prefix' (an IPv6 host as '[::1]:port/prefix', or unbracketed as "
+    "'::1:port/prefix', where the field after the last colon is the port)"
 )
+
+
+def _split_host_port(hostport: str, store_addr: str) -> tuple[str, str]:
+    """``host:port`` → (bare host, port text); ValueError naming `store_addr` otherwise.
+
+    A bracketed host must be a whole IPv6 literal followed by ``:port``. An
+    unbracketed host is everything before the last colon, and when it has
+    colons itself it must be an IPv6 literal (torchft reads bare IPv6 hosts the
+    same way; a name or an IPv4 literal never has a colon).
+    """
+    if hostport.startswith("["):
+        host, sep, port = hostport[1:].partition("]:")
+        if not sep or "[" in host or "]" in host or not _is_ipv6(host):
+            raise ValueError(f"store address must be {_FORMS}, got {store_addr!r}")
+        return host, port
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or "[" in host or "]" in host or (":" in host and not _is_ipv6(host)):
+        raise ValueError(f"store address must be {_FORMS}, got {store_addr!r}")
+    return host, port
+
+
+def _is_ipv6(host: str) -> bool:
+    """Whether `host` is an IPv6 literal, optionally with a zone (``fe80::1%eth0``)."""
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,27 +90,26 @@ class StoreAddress:
 
     @classmethod
     def parse(cls, store_addr: str) -> StoreAddress:
-        """Parse ``host:port/prefix`` (``[::1]:29500/p`` for IPv6 literals).
+        """Parse ``host:port/prefix``; an IPv6 host as ``[::1]:29500/p`` or ``::1:29500/p``.
 
-        A bare IPv6 address must be bracketed, because its colons would be
-        ambiguous with the port separator. Raises TypeError for a non-string
-        and ValueError naming the address otherwise.
+        The prefix is everything after the first ``/``. Unbracketed, the field
+        after the last colon is the port, so ``::1:1234/p`` is host ``::1``,
+        port 1234 (as torchft reads it); a host with colons must then be an
+        IPv6 literal. Raises TypeError for a non-string and ValueError naming
+        the address otherwise.
         """
         if not isinstance(store_addr, str):
             raise TypeError(f"store address must be a str 'host:port/prefix', got {store_addr!r}")
-        match = _ADDRESS.match(store_addr.strip())
-        if match is None:
-            raise ValueError(
-                "store address must be 'host:port/prefix' (IPv6 as '[::1]:port/prefix'), "
-                f"got {store_addr!r}"
-            )
-        port = int(match["port"])
+        hostport, _, prefix = store_addr.strip().partition("/")
+        host, port_text = _split_host_port(hostport, store_addr)
+        if not port_text.isascii() or not port_text.isdigit():
+            raise ValueError(f"store address must be {_FORMS}, got {store_addr!r}")
+        port = int(port_text)
         if not 0 < port < 65536:
             raise ValueError(
                 f"store address port must be in [1, 65535], got {port} in {store_addr!r}"
             )
-        host = match["v6"] or match["host"]
-        return cls(host=host, port=port, prefix=match["prefix"] or "")
+        return cls(host=host, port=port, prefix=prefix)
 
     def __str__(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
