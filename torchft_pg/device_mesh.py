@@ -33,8 +33,8 @@ What the size-1 replicate dimension means for callers:
   torchtitan's "dp") is not supported: c10d knows only this replica group's
   ranks for that dimension.
 - Sharded state dicts hold DTensors; heal them with
-  `torchft_pg.sharded_state.sharded_state_dict_fns` (the heal transports carry
-  plain tensors). All replica groups must use the same mesh shape.
+  `torchft_pg.sharded_state.sharded_state_dict_fns` (received into the
+  model's own shards). All replica groups must use the same mesh shape.
 """
 
 from __future__ import annotations

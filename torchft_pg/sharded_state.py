@@ -1,12 +1,15 @@
 """Heal sharded (DTensor) state: local shards travel as plain tensors.
 
-The heal transports carry plain tensors only (no pickling, see
-`torchft_pg.checkpointing`), but an FSDP2 module's parameters and its
-optimizer's state are DTensors. Replica groups shard identically (same mesh,
-same module), and group rank r of a healing replica receives from group rank
-r of its source, so each rank sends its local shards; the receiver copies
-them into its own shards and rebuilds the optimizer's DTensors with its own
-mesh and placements. No collective runs: save and load are local to the rank.
+An FSDP2 module's parameters and its optimizer's state are DTensors. The heal
+transports could carry them as DTensors (each rebuilt on the receiver from
+its described layout, see `torchft_pg.checkpointing`); these functions send
+plain local shards instead and copy them into the receiver's own shards, so
+the load never depends on the sender's process group names. Replica groups
+shard identically (same mesh, same module), and group rank r of a healing
+replica receives from group rank r of its source, so each rank sends its
+local shards; the receiver copies them into its own shards and rebuilds the
+optimizer's DTensors with its own mesh and placements. No collective runs:
+save and load are local to the rank.
 """
 
 from __future__ import annotations

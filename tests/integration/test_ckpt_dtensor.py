@@ -1,14 +1,17 @@
 """DTensor state dicts through every checkpoint transport, in a 1-rank gloo world on CPU.
 
-The sender sends each DTensor's local shard; the receiver gets the plain shard
-back, or, when its own state dict has a DTensor at that path, that DTensor
-with its local shard filled in place (see `torchft_pg.checkpointing.serialization`).
-HTTP runs over real sockets on 127.0.0.1; PGTransport over the in-memory group
-of the PG unit tests.
+The sender sends each DTensor's local shard and a description of its layout
+(mesh, placements, global shape and stride); the receiver gets, when its own
+state dict has a DTensor at that path, that DTensor with its local shard filled
+in place, else a DTensor rebuilt from the description on the process groups of
+the same names (see `torchft_pg.checkpointing.serialization`). HTTP runs over
+real sockets on 127.0.0.1; PGTransport over the in-memory group of the PG unit
+tests.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -17,11 +20,12 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from tests.unit.test_ckpt_pg_fake import pair
 from torchft_pg.checkpointing import HTTPTransport, InProcessHub, InProcessTransport, PGTransport
-from torchft_pg.checkpointing.serialization import pack
+from torchft_pg.checkpointing.serialization import pack, unpack
 from torchft_pg.checkpointing.skeleton import as_dtensor, decode_skeleton
 from torchft_pg.errors import RecoveryError
 
@@ -120,19 +124,56 @@ def local(t: Any) -> torch.Tensor:
     return t.to_local()
 
 
+def same_layout(got: Any, sent: DTensor) -> None:
+    """`got` is a DTensor laid out as `sent` (torchft compares the whole spec)."""
+    assert isinstance(got, DTensor), f"a DTensor, got {type(got).__name__}"
+    assert got.device_mesh == sent.device_mesh
+    assert got.placements == sent.placements
+    assert got.shape == sent.shape and got.stride() == sent.stride() and got.dtype == sent.dtype
+    assert got._spec == sent._spec
+
+
 @pytest.mark.parametrize("how", list(TRANSPORTS))
-def test_without_a_target_each_dtensor_arrives_as_its_local_shard(
+def test_without_a_target_each_dtensor_is_rebuilt_with_the_senders_layout(
     mesh: DeviceMesh, how: str
 ) -> None:
     sd = sent_state(mesh)
     out = TRANSPORTS[how](sd, None)
     for key in ("w", "big", "bias"):
         got = out[key]
-        assert type(got) is torch.Tensor, f"{key}: plain local shard, got {type(got).__name__}"
-        assert torch.equal(got, local(sd[key])), key
-        assert got.data_ptr() != local(sd[key]).data_ptr(), f"{key}: a copy, not the sender's"
-    assert out["w"].shape == (8, 3), "the local shard, not the global (16, 3) shape"
+        same_layout(got, sd[key])
+        assert torch.equal(local(got), local(sd[key])), key
+        assert local(got).data_ptr() != local(sd[key]).data_ptr(), f"{key}: a copy"
+        assert not got.requires_grad
+    assert out["w"].shape == (16, 3) and local(out["w"]).shape == (8, 3)
+    assert out["w"].device_mesh.get_group(0) is mesh.get_group(0), "this process's group"
+    assert out["w"].device_mesh is out["big"].device_mesh, "one mesh per sender mesh"
     assert torch.equal(out["plain"], torch.arange(4)) and out["epoch"] == 2
+
+
+@pytest.mark.parametrize("how", ["http", "pg"])
+def test_named_meshes_and_every_placement_kind_are_rebuilt(mesh: DeviceMesh, how: str) -> None:
+    del mesh  # the default group the meshes below are built on
+    mesh2 = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    mesh0 = DeviceMesh("cpu", 0)  # no dimensions, as torchft's transport tests build it
+    g = torch.Generator().manual_seed(1)
+    sd: dict[str, Any] = {
+        "sr": distribute_tensor(torch.randn(4, 6, generator=g), mesh2, [Shard(1), Replicate()]),
+        "p": DTensor.from_local(torch.randn(3, generator=g), mesh2, [Partial("avg"), Shard(0)]),
+        "ss": DTensor.from_local(
+            torch.randn(4, 2, generator=g),
+            mesh2,
+            [_StridedShard(0, split_factor=2), Replicate()],
+            run_check=False,
+        ),
+        "zero_dim_mesh": distribute_tensor(torch.tensor([5, 6, 7]), mesh0, []),
+        "sub": distribute_tensor(torch.randn(5, generator=g), mesh2["tp"], [Shard(0)]),
+    }
+    out = TRANSPORTS[how](sd, None)
+    for key, sent in sd.items():
+        same_layout(out[key], sent)
+        assert torch.equal(local(out[key]), local(sent)), key
+    assert out["sr"].device_mesh.mesh_dim_names == ("dp", "tp")
 
 
 @pytest.mark.parametrize("how", list(TRANSPORTS))
@@ -175,13 +216,69 @@ def test_a_dtensor_sharded_differently_is_a_recovery_error(mesh: DeviceMesh, how
 
 
 def test_plain_tensors_and_dtensors_are_not_received_into_each_other(mesh: DeviceMesh) -> None:
-    sd = {"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)]), "p": torch.randn(6)}
+    sent = distribute_tensor(torch.randn(6), mesh, [Shard(0)])
+    sd = {"d": sent, "p": torch.randn(6)}
     mine = {"d": torch.zeros(6), "p": distribute_tensor(torch.zeros(6), mesh, [Shard(0)])}
     out = via_in_process(sd, mine)
-    assert type(out["d"]) is torch.Tensor and out["d"] is not mine["d"]
+    same_layout(out["d"], sent)
     assert type(out["p"]) is torch.Tensor and out["p"] is not mine["p"]
-    assert torch.equal(out["d"], local(sd["d"])) and torch.equal(out["p"], sd["p"])
+    assert torch.equal(local(out["d"]), local(sd["d"])) and torch.equal(out["p"], sd["p"])
     assert not mine["d"].any() and not local(mine["p"]).any()
+
+
+def forged(mesh: DeviceMesh, change: Callable[[dict[str, Any]], None]) -> bytes:
+    """The skeleton of a one-DTensor state dict, with `change` applied to its JSON."""
+    doc = json.loads(
+        pack({"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)])}, 1).skeleton_bytes
+    )
+    change(doc)
+    return json.dumps(doc).encode()
+
+
+def _set(path: tuple[Any, ...], value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        node = doc
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (_set(("layouts", 0, 2), [["S", 1]]), r"Shard\(1\) of a 1-dimensional tensor"),
+        (_set(("layouts", 0, 2), [["Q"]]), "unknown placement"),
+        (_set(("layouts", 0, 2), [["P", "os.system"]]), "unknown placement"),
+        (_set(("layouts", 0, 2), []), "1 placements for a 1-dimensional mesh, got 0"),
+        (_set(("layouts", 0, 3), [1, 1]), "global stride"),
+        (_set(("layouts", 0, 0), 5), "not a DTensor"),
+        (_set(("layouts", 0, 1), 3), "mesh 3 out of range"),
+        (_set(("meshes", 0, 0), "ops"), "device type"),
+        (_set(("meshes", 0, 2), [-1]), "ranks"),
+        (_set(("meshes", 0, 1), [2]), "ranks"),
+        (_set(("meshes", 0, 4), []), "process group names"),
+    ],
+)
+def test_forged_dtensor_layouts_are_refused(
+    mesh: DeviceMesh, change: Callable[[dict[str, Any]], None], match: str
+) -> None:
+    with pytest.raises(RecoveryError, match="refused checkpoint metadata from peer: .*" + match):
+        decode_skeleton(forged(mesh, change))
+
+
+def test_a_mesh_on_a_process_group_this_process_lacks_is_a_recovery_error(
+    mesh: DeviceMesh,
+) -> None:
+    sd = {"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)])}
+    packed = pack(sd, 1)
+    data = forged(mesh, _set(("meshes", 0, 4), ["no-such-group"]))
+    skeleton = decode_skeleton(data)
+    with pytest.raises(
+        RecoveryError, match=r"DTensor at \('d',\): .*process group 'no-such-group'"
+    ):
+        unpack(skeleton, packed.blobs)
 
 
 def test_the_wire_carries_the_local_shard_and_the_global_shape(mesh: DeviceMesh) -> None:
@@ -197,5 +294,5 @@ def test_the_wire_carries_the_local_shard_and_the_global_shape(mesh: DeviceMesh)
         by_path["bias"]: (5,),
     }
     assert skeleton.tensors[by_path["w"]].shape == (8, 3)
-    assert b"Shard" not in packed.skeleton_bytes, "no mesh or placements on the wire"
+    assert b"Shard" not in packed.skeleton_bytes, "placements as JSON tags, nothing pickled"
     assert as_dtensor(sd["w"]) is sd["w"] and as_dtensor(sd["plain"]) is None

@@ -8,6 +8,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.error
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -19,10 +20,11 @@ import pytest
 import torch
 
 import torchft_pg.checkpointing.http_fetch as http_fetch
-from torchft_pg.checkpointing import HTTPTransport
+from torchft_pg.checkpointing import CheckpointHTTPError, CheckpointTimeoutError, HTTPTransport
 from torchft_pg.checkpointing.http_server import SERVED_STEP_HEADER
 from torchft_pg.checkpointing.http_transport import MAX_CHUNKS, default_advertise_host
 from torchft_pg.checkpointing.skeleton import FORMAT, decode_skeleton
+from torchft_pg.checkpointing.transport import Deadline
 from torchft_pg.errors import RecoveryError
 
 T = timedelta(seconds=10)
@@ -112,8 +114,81 @@ def test_wrong_step_is_a_recovery_error_naming_peer_and_both_steps(
     finally:
         r.shutdown()
     assert str(info.value).startswith(
-        f"rank 3 at {sender.metadata()} serves step 5, not the requested step 6 (HTTP 400"
+        f"HTTP Error 400: rank 3 at {sender.metadata()} serves step 5, not the requested step 6"
     )
+
+
+def test_wrong_step_is_also_an_urllib_http_error(sender: HTTPTransport[dict[str, Any]]) -> None:
+    """Code written for torchft catches `urllib.error.HTTPError` and matches its text."""
+    sender.send_checkpoint([1], 2345, state_dict(), T)
+    r = receiver()
+    try:
+        with pytest.raises(
+            urllib.error.HTTPError, match=r"Error 400.*serving 2345 but got step=1234"
+        ) as info:
+            r.recv_checkpoint(0, sender.metadata(), 1234, T)
+    finally:
+        r.shutdown()
+    err = info.value
+    assert isinstance(err, RecoveryError) and isinstance(err, CheckpointHTTPError)
+    assert err.code == 400 and "/checkpoint/1234/meta?" in err.url
+    assert err.headers[SERVED_STEP_HEADER] == "2345"
+
+
+def test_any_other_refusal_is_an_http_error_with_its_status(
+    sender: HTTPTransport[dict[str, Any]],
+) -> None:
+    sender.send_checkpoint([1], 5, state_dict(), T)
+    fetch = http_fetch.ChunkFetcher(
+        "127.0.0.1", sender.port, "/checkpoint/", 5, Deadline(T), "rank 0"
+    )
+    with pytest.raises(CheckpointHTTPError, match="HTTP Error 409: rank 0 refused") as info:
+        fetch._open("chunk/0/1?serial=stale")
+    assert info.value.code == 409 and "changed since its metadata was read" in str(info.value)
+
+
+@pytest.mark.parametrize("zero", [timedelta(0), 0, 0.0])
+def test_a_zero_timeout_times_out_at_once(
+    sender: HTTPTransport[dict[str, Any]], zero: timedelta | float
+) -> None:
+    """torchft's receive with a zero timeout fails at once with a urllib error."""
+    sd = state_dict()
+    sender.send_checkpoint([1], 5, sd, T)
+    r = receiver()
+    try:
+        with pytest.raises(urllib.error.URLError, match="urlopen error") as info:
+            r.recv_checkpoint(0, sender.metadata(), 5, zero)  # type: ignore[arg-type]
+        assert isinstance(info.value, TimeoutError) and isinstance(info.value, RecoveryError)
+        assert "timed out" in str(info.value) and "step 5" in str(info.value)
+        check_same(sd, r.recv_checkpoint(0, sender.metadata(), 5, T))
+        with pytest.raises(ValueError, match="timeout must be positive or zero, got -1 day"):
+            r.recv_checkpoint(0, sender.metadata(), 5, timedelta(seconds=-1))
+    finally:
+        r.shutdown()
+
+
+@pytest.mark.parametrize("num_chunks", [0, 2])
+def test_a_disallowed_checkpoint_ends_in_a_timeout_error_at_the_receivers_timeout(
+    num_chunks: int,
+) -> None:
+    """The source answers "not served within my wait" (503) after its own, shorter,
+    wait; the receiver asks again until its own timeout is spent, then raises a
+    TimeoutError that says so."""
+    sender: HTTPTransport[dict[str, Any]] = HTTPTransport(0.1, bind_host="127.0.0.1")
+    r = receiver(num_chunks)
+    try:
+        sender.send_checkpoint([1], 5, state_dict(), T)
+        sender.disallow_checkpoint()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match="timed out") as info:
+            r.recv_checkpoint(0, sender.metadata(), 5, SHORT)
+        elapsed = time.monotonic() - start
+    finally:
+        r.shutdown()
+        sender.shutdown()
+    assert elapsed >= SHORT.total_seconds(), "not before the receiver's own timeout"
+    assert isinstance(info.value, RecoveryError) and isinstance(info.value, CheckpointTimeoutError)
+    assert "503" in str(info.value) and "step 5" in str(info.value)
 
 
 def test_address_is_the_url_metadata_advertises(sender: HTTPTransport[dict[str, Any]]) -> None:
@@ -149,7 +224,7 @@ def test_allow_checkpoint_reopens_the_last_sent_state_dict(
     sender.disallow_checkpoint()
     r = receiver(num_chunks=2)
     try:
-        with pytest.raises(RecoveryError, match="503"):
+        with pytest.raises(CheckpointTimeoutError, match=r"timed out.*503"):
             r.recv_checkpoint(0, sender.metadata(), 5, timedelta(seconds=0.2))
         sd["model"]["bf"].add_(1)  # mutated after disallow: re-allowing serves values as now
         sender.allow_checkpoint(5)
@@ -235,7 +310,7 @@ def test_reader_waits_for_send_and_is_blocked_after_disallow(
             sender.send_checkpoint([1], 7, sd, T)
             check_same(sd, fut.result(timeout=10))
         sender.disallow_checkpoint()
-        with pytest.raises(RecoveryError, match="503"):
+        with pytest.raises(CheckpointTimeoutError, match=r"timed out.*503"):
             r.recv_checkpoint(0, sender.metadata(), 7, timedelta(seconds=0.2))
     finally:
         r.shutdown()

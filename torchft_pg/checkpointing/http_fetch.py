@@ -5,21 +5,33 @@ receive buffers, checksummed as it arrives, and compared with the sender's
 8-byte trailer. With several chunks, one thread and connection per chunk; the
 first real failure cancels the others and is the one reported.
 
-A non-200 answer is a `RecoveryError` naming the peer, the step and the
-status; a wrong-step answer (400 with `http_server.SERVED_STEP_HEADER`) says
-which step the peer serves and which was requested.
+Errors are `RecoveryError`s naming the peer and the step; two kinds are also
+the `urllib` errors code written for torchft catches (its receiver fetches
+with ``urllib``), and print as urllib's do:
+
+* `CheckpointHTTPError` (also `urllib.error.HTTPError`, with ``code``): the
+  peer refused the request. A wrong step (400 with
+  `http_server.SERVED_STEP_HEADER`) says which step the peer serves and which
+  was requested.
+* `CheckpointTimeoutError` (also `TimeoutError` and `urllib.error.URLError`):
+  the receiver's timeout was spent, including while the peer did not serve the
+  step (a 503 with `http_server.NOT_SERVED_HEADER`: the peer's own wait is
+  bounded by its timeout, so the receiver asks again while time is left).
 """
 
 from __future__ import annotations
 
 import http.client
+import math
 import socket
 import threading
+import urllib.error
 from concurrent.futures import ThreadPoolExecutor
+from email.message import Message
 
 import torch
 
-from torchft_pg.checkpointing.http_server import SERVED_STEP_HEADER
+from torchft_pg.checkpointing.http_server import NOT_SERVED_HEADER, SERVED_STEP_HEADER
 from torchft_pg.checkpointing.layout import (
     Digest,
     byte_view,
@@ -31,9 +43,33 @@ from torchft_pg.checkpointing.skeleton import MAX_SKELETON_BYTES, Skeleton
 from torchft_pg.checkpointing.transport import Deadline
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["ChunkFetcher"]
+__all__ = ["CheckpointHTTPError", "CheckpointTimeoutError", "ChunkFetcher"]
 
 _GRACE_S = 0.25  # receiver socket slack beyond the server-side wait, seconds
+
+
+class CheckpointHTTPError(RecoveryError, urllib.error.HTTPError):  # type: ignore[misc]
+    """The peer answered a checkpoint request with HTTP status `code`.
+
+    Also a `urllib.error.HTTPError` (``code``, ``url``, ``headers``); `str()`
+    is urllib's ``HTTP Error <code>: <message>``.
+    """
+
+    def __init__(self, message: str, *, url: str, code: int, headers: Message) -> None:
+        urllib.error.HTTPError.__init__(self, url, code, message, headers, None)
+        self.args = (message,)
+
+
+class CheckpointTimeoutError(RecoveryError, urllib.error.URLError, TimeoutError):
+    """A receive did not finish within its timeout (a zero timeout: at once).
+
+    Also a `TimeoutError` and a `urllib.error.URLError` (``reason`` is the
+    message); `str()` is urllib's ``<urlopen error <message>>``.
+    """
+
+    def __init__(self, message: str) -> None:
+        urllib.error.URLError.__init__(self, message)
+        self.args = (message,)
 
 
 class _Cancelled(RecoveryError):
@@ -56,36 +92,72 @@ class ChunkFetcher:
         self.deadline, self.peer = deadline, peer
         self.cancel = threading.Event()
 
+    def _time_left(self) -> float:
+        """Seconds left; `CheckpointTimeoutError` if none."""
+        left = self.deadline.remaining()
+        if left <= 0:
+            raise self._timed_out("")
+        return left
+
+    def _timed_out(self, why: str) -> CheckpointTimeoutError:
+        return CheckpointTimeoutError(
+            f"receiving step {self.step} from {self.peer}: timed out after "
+            f"{self.deadline.elapsed():.3f} s (timeout {self.deadline.timeout_s:.3f} s){why}"
+        )
+
     def _open(
         self, path: str
     ) -> tuple[http.client.HTTPConnection, socket.socket, http.client.HTTPResponse]:
-        left = self.deadline.check(f"receiving step {self.step} from {self.peer}")
-        wait_ms = int(max(0.0, left - 0.05) * 1000)
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=left + _GRACE_S)
+        """GET `path`; on a "not served within my wait" answer, ask again while time is left.
+
+        Each request lets the server wait for the whole time left, so every
+        attempt but the last lasts the server's own wait limit: the number of
+        attempts is bounded by the timeout over that limit.
+        """
         sep = "&" if "?" in path else "?"
-        try:
-            conn.request("GET", f"{self.prefix}{self.step}/{path}{sep}wait_ms={wait_ms}")
-            sock = conn.sock  # getresponse() drops it from conn for HTTP/1.0; the response keeps it
-            assert sock is not None
-            resp = conn.getresponse()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise self._failed(f"request {path!r}", exc) from exc
-        if resp.status != 200:
-            served = resp.getheader(SERVED_STEP_HEADER)
+        while True:
+            left = self._time_left()
+            wait_ms = max(1, math.ceil(left * 1000))
+            target = f"{self.prefix}{self.step}/{path}{sep}wait_ms={wait_ms}"
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=left + _GRACE_S)
+            try:
+                conn.request("GET", target)
+                sock = (
+                    conn.sock
+                )  # getresponse() drops it from conn for HTTP/1.0; the response keeps it
+                assert sock is not None
+                resp = conn.getresponse()
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise self._failed(f"request {path!r}", exc) from exc
+            if resp.status == 200:
+                return conn, sock, resp
             body = resp.read(4096).decode(errors="replace")
             conn.close()
-            if resp.status == 400 and served is not None and served.lstrip("-").isdigit():
-                raise RecoveryError(
-                    f"{self.peer} serves step {int(served)}, not the requested step {self.step} "
-                    f"(HTTP 400 for {path}: {body})"
-                )
-            raise RecoveryError(
-                f"{self.peer} answered {resp.status} for step {self.step} ({path}): {body}"
+            if resp.status == 503 and resp.getheader(NOT_SERVED_HEADER) is not None:
+                if self.deadline.remaining() > 0:
+                    continue
+                raise self._timed_out(f"; the peer did not serve it (HTTP 503: {body})")
+            raise self._refused(resp, target, path, body)
+
+    def _refused(
+        self, resp: http.client.HTTPResponse, target: str, path: str, body: str
+    ) -> CheckpointHTTPError:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        url = f"http://{host}:{self.port}{target}"
+        served = resp.getheader(SERVED_STEP_HEADER)
+        if resp.status == 400 and served is not None and served.lstrip("-").isdigit():
+            message = (
+                f"{self.peer} serves step {int(served)}, not the requested step {self.step} "
+                f"({path}: serving {int(served)} but got step={self.step})"
             )
-        return conn, sock, resp
+        else:
+            message = f"{self.peer} refused {path} of step {self.step}: {body}"
+        return CheckpointHTTPError(message, url=url, code=resp.status, headers=resp.msg)
 
     def _failed(self, what: str, exc: BaseException) -> RecoveryError:
+        if isinstance(exc, TimeoutError):  # a socket timeout: the time left ran out
+            return self._timed_out(f" ({what}: {exc})")
         return RecoveryError(
             f"{what} for step {self.step} from {self.peer} failed after {self.deadline.elapsed():.3f} s "
             f"(timeout {self.deadline.timeout_s:.3f} s): {type(exc).__name__}: {exc}"
@@ -143,6 +215,9 @@ class ChunkFetcher:
                     digest.update(piece_digest(view))
             trailer = bytearray(8)
             self._read_exact(sock, resp, memoryview(trailer))
+        except RecoveryError:  # ours (some are OSErrors too): as raised
+            self.cancel.set()
+            raise
         except (OSError, http.client.HTTPException) as exc:
             self.cancel.set()
             raise self._failed(f"reading chunk {i}/{n}", exc) from exc
@@ -165,9 +240,7 @@ class ChunkFetcher:
     ) -> None:
         got = 0
         while got < len(buf):
-            sock.settimeout(
-                self.deadline.check(f"receiving step {self.step} from {self.peer}") + _GRACE_S
-            )
+            sock.settimeout(self._time_left() + _GRACE_S)
             k = resp.readinto(buf[got:])
             if not k:
                 raise RecoveryError(

@@ -19,7 +19,9 @@ Answers other than 200:
   `SERVED_STEP_HEADER` header, so the receiver can report it exactly;
 * ``409`` — a chunk request whose ``serial`` is not the served checkpoint's
   (it was re-sent or re-allowed since the receiver read the metadata);
-* ``503`` — serving was not allowed within the wait, or the server shuts down;
+* ``503`` — serving was not allowed within the wait (with the
+  `NOT_SERVED_HEADER` header: the receiver may ask again while its own timeout
+  lasts), or the server shuts down (without it);
 * ``500`` — an unexpected error on the server.
 """
 
@@ -51,12 +53,21 @@ from torchft_pg.checkpointing.layout import (
 from torchft_pg.checkpointing.serialization import Packed
 from torchft_pg.checkpointing.transport import logger
 
-__all__ = ["MAX_CHUNKS", "SERVED_STEP_HEADER", "CheckpointServer", "parse_path"]
+__all__ = [
+    "MAX_CHUNKS",
+    "NOT_SERVED_HEADER",
+    "SERVED_STEP_HEADER",
+    "CheckpointServer",
+    "parse_path",
+]
 
 #: Most chunks a checkpoint may be split into (bounds the server's per-request plan).
 MAX_CHUNKS = 256
 #: Response header of a wrong-step answer: the step this server serves.
 SERVED_STEP_HEADER = "X-Checkpoint-Served-Step"
+#: Response header of a 503 for a checkpoint not served within the request's wait:
+#: the seconds waited.
+NOT_SERVED_HEADER = "X-Checkpoint-Not-Served-Within"
 
 
 class CheckpointServer(ThreadingHTTPServer):
@@ -173,7 +184,11 @@ class _Handler(BaseHTTPRequestHandler):
         except WrongStepError as exc:
             self._error(400, str(exc), {SERVED_STEP_HEADER: str(exc.serving)})
         except NotAllowedError as exc:
-            self._error(503, f"step {step}: {exc} (send_checkpoint not called, or disallowed)")
+            self._error(
+                503,
+                f"step {step}: {exc} (send_checkpoint not called, or disallowed)",
+                {NOT_SERVED_HEADER: f"{wait_s:.3f}"},
+            )
         except GateClosedError as exc:
             self._error(503, str(exc))
         except (_Abort, OSError) as exc:

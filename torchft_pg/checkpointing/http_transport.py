@@ -5,15 +5,20 @@ reachable at ``address()`` == ``metadata()`` == ``http://host:port/checkpoint/``
 (the step is appended by the receiver). A request waits up to the transport
 timeout for serving to be allowed (`gate.ServingGate`). A request for a step
 other than the one served is answered ``400`` with a body naming both steps
-(the served one also in a header), and the receiver raises `RecoveryError`
-naming the peer, the step it serves and the step requested. A chunk of a
-checkpoint that was re-sent since its metadata was read is ``409``, a
-checkpoint that never became available ``503``, a malformed path ``400``.
+(the served one also in a header), and the receiver raises
+`http_fetch.CheckpointHTTPError` (a `RecoveryError` and a
+`urllib.error.HTTPError`) naming the peer, the step it serves and the step
+requested. A chunk of a checkpoint that was re-sent since its metadata was
+read is ``409``, a malformed path ``400``; a checkpoint not served within the
+server's wait is ``503``, on which the receiver asks again until its own
+timeout is spent and then raises `http_fetch.CheckpointTimeoutError` (a
+`RecoveryError`, `TimeoutError` and `urllib.error.URLError`).
 
 The receiver streams each piece straight into preallocated tensors (or into
 its own tensors when `state_dict` is given) and checks every checksum; with
 ``num_chunks > 0`` it fetches that many chunks in parallel over separate
-connections. DTensors travel as their local shards (see `serialization`).
+connections. DTensors travel as their local shards plus their layout, and come
+back as DTensors (see `serialization`).
 
 `send_checkpoint` serves a state dict for a step; `disallow_checkpoint` stops
 serving; `allow_checkpoint(step)` serves the last sent state dict again.
@@ -54,7 +59,7 @@ from typing import Generic, TypeVar
 import torch
 
 from torchft_pg.checkpointing.gate import ServingGate
-from torchft_pg.checkpointing.http_fetch import ChunkFetcher
+from torchft_pg.checkpointing.http_fetch import CheckpointTimeoutError, ChunkFetcher
 from torchft_pg.checkpointing.http_server import MAX_CHUNKS, CheckpointServer
 from torchft_pg.checkpointing.serialization import (
     Packed,
@@ -188,7 +193,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
 
         Serves a snapshot (see the module docstring): returns once the state is
         copied to CPU memory of the transport's own, after which the caller may
-        mutate `state_dict`. DTensors are served as their local shards.
+        mutate `state_dict`. DTensors are served as their local shards and layouts.
         `timeout` is unused. A transfer still streaming an earlier checkpoint is
         cut off.
         """
@@ -245,16 +250,24 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
         """Fetch the state dict of `step` from the server at `metadata` within `timeout`.
 
-        `metadata` is the sender's `metadata()` (its `address()`).
+        `metadata` is the sender's `metadata()` (its `address()`). Errors are
+        `RecoveryError`s; a refusal by the peer (a wrong step, say) is also a
+        `urllib.error.HTTPError` and running out of time also a `TimeoutError`
+        and a `urllib.error.URLError` (see `http_fetch`). A zero `timeout`
+        times out at once, without contacting the peer.
         """
         check_step(step)
-        deadline = Deadline(timeout)
+        budget = to_timedelta(timeout, allow_zero=True)
         url = urllib.parse.urlsplit(metadata)
         if url.scheme != "http" or not url.hostname or not url.port or not url.path.endswith("/"):
             raise ValueError(f"metadata must be 'http://host:port/checkpoint/', got {metadata!r}")
-        fetch = ChunkFetcher(
-            url.hostname, url.port, url.path, step, deadline, f"rank {src_rank} at {metadata}"
-        )
+        peer = f"rank {src_rank} at {metadata}"
+        if budget == timedelta(0):
+            raise CheckpointTimeoutError(
+                f"receiving step {step} from {peer}: timed out at once (timeout 0 s)"
+            )
+        deadline = Deadline(budget)
+        fetch = ChunkFetcher(url.hostname, url.port, url.path, step, deadline, peer)
         skeleton = decode_skeleton(fetch.get_meta())
         if skeleton.step != step:
             raise RecoveryError(f"{fetch.peer} sent step {skeleton.step}, expected step {step}")

@@ -19,9 +19,10 @@ matching tensors are copied into). A receiver that refuses a transfer (wrong
 step, bad metadata) does not tell the sender, whose sends then fail at its
 own timeout; the caller reconfigures the PG after any failed heal anyway.
 
-DTensors travel as their local shards; a receiver whose `state_dict` has a
-DTensor at the same path gets that DTensor back with its local shard filled in
-place, otherwise the plain local shard (see `serialization`).
+DTensors travel as their local shards plus their layout; a receiver whose
+`state_dict` has a DTensor at the same path gets that DTensor back with its
+local shard filled in place, otherwise a DTensor rebuilt with the sender's
+layout (see `serialization`).
 
 The sender's quorum thread waits in `send_checkpoint` until each receiver has
 taken every byte (bounded by the timeout), and so does the sender's step,

@@ -17,16 +17,22 @@ The receiver preallocates each blob (or reuses the destination tensor's memory
 for an in-place receive) and the transport writes the bytes straight into it.
 
 DTensors (``torch.distributed.tensor.DTensor``): the sender sends each
-DTensor's local shard (``to_local()``, no copy) plus its global shape in the
-skeleton; mesh and placements stay behind. What the receiver gets at that path:
+DTensor's local shard (``to_local()``, no copy) plus, in the skeleton, its
+global shape and a description of its layout (`dtensor_layout`: the mesh by
+device type, ranks, dimension names and process group names; placements;
+global stride). What the receiver gets at that path:
 
 * its own DTensor, with the received shard written into that DTensor's local
   tensor (in place), when its `state_dict` callable returns a DTensor there
   with the same global shape and a local shard of the same dtype and shape;
 * `RecoveryError` naming the path and both layouts when its DTensor there has
   another global shape, local shape or dtype (the replicas shard differently);
-* otherwise (no target, or a plain tensor there) the plain local shard, a
-  fresh tensor; a plain tensor entry is likewise never received into a DTensor.
+* otherwise (no target, or a plain tensor there) a DTensor rebuilt from the
+  description around the received shard (a fresh tensor), on the process
+  groups of the same names in the receiver's process (`RecoveryError` naming
+  the path and the group if there is none); the plain local shard only when
+  the sender could not describe the layout. A plain tensor entry is never
+  received into a DTensor.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any
 
 import torch
 
+from torchft_pg.checkpointing.dtensor_layout import MeshSpec, describe_layouts, rebuild
 from torchft_pg.checkpointing.layout import storage_bytes
 from torchft_pg.checkpointing.skeleton import (
     Path,
@@ -189,9 +196,10 @@ def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
         metas.append(TensorMeta(blob, off, t.dtype, tuple(t.shape), tuple(t.stride())))
     sizes = [b.numel() for b in blobs]
     serial = uuid.uuid4().hex
-    data = encode_skeleton(step, serial, tree, metas, sizes)
     dtensors = {i: tuple(t.shape) for i, t in enumerate(raw) if as_dtensor(t) is not None}
-    skeleton = Skeleton(step, serial, tree, metas, paths, sizes, dtensors)
+    layouts = describe_layouts(raw, dtensors) if dtensors else {}
+    data = encode_skeleton(step, serial, tree, metas, sizes, layouts)
+    skeleton = Skeleton(step, serial, tree, metas, paths, sizes, dtensors, layouts)
     return Packed(step, data, skeleton, blobs)
 
 
@@ -302,9 +310,12 @@ def unpack(
 
     Tensors with a destination in `dests` are copied into it (into a
     DTensor's local shard) unless they were received into it directly, and
-    the destination tensor (the DTensor) is returned in their place.
+    the destination tensor (the DTensor) is returned in their place. Other
+    DTensor shards with a described layout come back as DTensors rebuilt
+    around them (`dtensor_layout.rebuild`).
     """
     dests = dests or {}
+    meshes: dict[MeshSpec, Any] = {}  # one receiver mesh per sender mesh
     if len(blobs) != len(skeleton.blob_sizes):
         raise RecoveryError(f"expected {len(skeleton.blob_sizes)} blobs, got {len(blobs)}")
     out: list[torch.Tensor] = []
@@ -323,5 +334,7 @@ def unpack(
                 with torch.no_grad():
                     local.copy_(t)
             t = d
+        elif i in skeleton.layouts:
+            t = rebuild(t, skeleton.dtensors[i], skeleton.layouts[i], skeleton.paths[i], meshes)
         out.append(t)
     return build_tree(skeleton.tree, out)

@@ -18,11 +18,12 @@ array, which keeps tuples, int keys, bytes and dtypes exact:
     ["X", [i, [n, ...]]] a DTensor whose local shard is tensor i; [n, ...] is
                          its global shape (same number of dims as the shard)
 
-A DTensor's mesh and placements are not sent: they name process groups of the
-sender's process, which mean nothing to a peer (and would need pickling). The
-receiver rebuilds a DTensor from its own (see `serialization.destinations`).
-DTensors are recognised without importing ``torch.distributed.tensor`` (which
-takes seconds): if that module was never imported, no object can be a DTensor.
+A DTensor's layout (mesh by ranks, dimension names and process group names;
+placements; global stride) goes in the optional top-level ``meshes`` and
+``layouts`` tables (`dtensor_layout`), so a receiver without a DTensor of its
+own at that path can rebuild one. DTensors are recognised without importing
+``torch.distributed.tensor`` (which takes seconds): if that module was never
+imported, no object can be a DTensor.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from torchft_pg.checkpointing.dtensor_layout import DTensorLayout, decode_layouts, encode_layouts
 from torchft_pg.errors import RecoveryError
 
 if TYPE_CHECKING:
@@ -84,7 +86,8 @@ class Skeleton:
     """A decoded, validated skeleton; `paths[i]` is tensor i's key path in the tree.
 
     `dtensors` maps the index of each tensor that was a DTensor's local shard
-    on the sender to that DTensor's global shape.
+    on the sender to that DTensor's global shape; `layouts` those of them whose
+    layout the sender described to that layout.
     """
 
     step: int
@@ -94,6 +97,7 @@ class Skeleton:
     paths: list[Path]
     blob_sizes: list[int]
     dtensors: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    layouts: Mapping[int, DTensorLayout] = field(default_factory=dict)
 
 
 def as_dtensor(x: Any) -> DTensor | None:
@@ -154,10 +158,15 @@ def flatten(obj: Any, path: Path, tensors: list[torch.Tensor], paths: list[Path]
 
 
 def encode_skeleton(
-    step: int, serial: str, tree: Any, metas: list[TensorMeta], blob_sizes: list[int]
+    step: int,
+    serial: str,
+    tree: Any,
+    metas: list[TensorMeta],
+    blob_sizes: list[int],
+    layouts: Mapping[int, DTensorLayout] | None = None,
 ) -> bytes:
-    """The JSON bytes of a skeleton (`tree` from `flatten`)."""
-    doc = {
+    """The JSON bytes of a skeleton (`tree` from `flatten`; `layouts` of its DTensors)."""
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
         "serial": serial,
@@ -168,6 +177,8 @@ def encode_skeleton(
         ],
         "blobs": blob_sizes,
     }
+    if layouts:
+        doc["meshes"], doc["layouts"] = encode_layouts(layouts)
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -214,6 +225,10 @@ def decode_skeleton(data: bytes) -> Skeleton:
                 f"tensor {i}: DTensor global shape {list(global_shape)} and local shard shape "
                 f"{list(metas[i].shape)} differ in dimensions"
             )
+    try:
+        layouts = decode_layouts(doc.get("meshes"), doc.get("layouts"), dtensors)
+    except ValueError as exc:
+        raise _bad(str(exc)) from exc
     used = [0] * len(sizes)
     for m in metas:
         if m.blob >= 0:
@@ -222,7 +237,9 @@ def decode_skeleton(data: bytes) -> Skeleton:
         if not 0 < size <= end + 64:  # 64: alignment padding at most
             raise _bad(f"blob {b} has {size} bytes but its tensors use {end}")
     assert isinstance(step, int)
-    return Skeleton(step, serial, tree, metas, [p for p in paths if p is not None], sizes, dtensors)
+    return Skeleton(
+        step, serial, tree, metas, [p for p in paths if p is not None], sizes, dtensors, layouts
+    )
 
 
 def _decode_meta(i: int, r: Any, sizes: list[int]) -> TensorMeta:

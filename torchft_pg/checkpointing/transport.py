@@ -20,8 +20,9 @@ Timeouts are `datetime.timedelta`; float or int seconds are accepted too
 `recv_checkpoint` bounds the whole call (a deadline, not a per-operation limit).
 
 State dicts may hold `torch.distributed.tensor.DTensor` leaves: every transport
-sends a DTensor's local shard, and the receiver gets it back as a DTensor only
-when its own state dict has a DTensor at that path (see `serialization`).
+sends a DTensor's local shard and its layout, and the receiver gets a DTensor
+back: its own one when its state dict has a DTensor at that path, else one
+rebuilt with the sender's layout (see `serialization`).
 """
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ logger = logging.getLogger("torchft_pg.checkpointing")
 _MAX_SECONDS = 1e9
 
 
-def to_timedelta(value: timedelta | float, name: str = "timeout") -> timedelta:
+def to_timedelta(
+    value: timedelta | float, name: str = "timeout", *, allow_zero: bool = False
+) -> timedelta:
     """`value` as a positive `timedelta`; a float or int is a number of seconds.
 
     `TypeError` for any other type (bool included), `ValueError` if it is not
-    positive, not finite or over 1e9 seconds; both name `name` and the value.
+    positive (zero is let through with `allow_zero`), not finite or over 1e9
+    seconds; both name `name` and the value.
     """
     if isinstance(value, timedelta):
         out = value
@@ -76,8 +80,9 @@ def to_timedelta(value: timedelta | float, name: str = "timeout") -> timedelta:
             f"{name} must be a datetime.timedelta or a number of seconds (int or float), "
             f"got {type(value).__name__} {value!r:.100}"
         )
-    if out <= timedelta(0):
-        raise ValueError(f"{name} must be positive, got {value}")
+    if out < timedelta(0) or (out == timedelta(0) and not allow_zero):
+        what = "positive or zero" if allow_zero else "positive"
+        raise ValueError(f"{name} must be {what}, got {value}")
     if out.total_seconds() > _MAX_SECONDS:
         raise ValueError(f"{name} must be at most {_MAX_SECONDS:.0e} seconds, got {value}")
     return out
