@@ -306,3 +306,49 @@ def test_configure_with_a_dead_member_fails_at_once_when_interrupted() -> None:
         assert "configure interrupted: replica 2 died" in str(r["error"])
         assert r["failed_after"] < 5.0  # not the 20 s PG timeout
         assert r["sum"] == 2.0
+
+
+def _listening_ipv4() -> set[str]:
+    """The IPv4 addresses this process has TCP sockets listening on (/proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    hosts = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.read().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and inode in inodes:  # 0A: LISTEN
+                packed = bytes.fromhex(local.split(":")[0])[::-1]  # little-endian
+                hosts.add(".".join(str(b) for b in packed))
+    return hosts
+
+
+def _gloo_on_hostname(ctx: RankContext) -> dict[str, object]:
+    host = f"127.0.0.{ctx.rank + 2}"  # every 127/8 address is this machine's loopback
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=20), hostname=host)
+    pg.configure(ctx.addr("hn/0"), ctx.rank, ctx.world_size)
+    t = torch.full((1,), float(ctx.rank + 1))
+    pg.allreduce([t]).wait()
+    listening = _listening_ipv4()
+    pg.shutdown()
+    return {"host": host, "sum": t.item(), "listening": listening}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc/net/tcp")
+def test_hostname_is_the_address_gloo_binds_and_advertises() -> None:
+    """Each rank's Gloo listens on its own `hostname` (not the machine's name, which
+    often resolves to loopback), and the peers connect to it there."""
+    for r in run_ranks(_gloo_on_hostname, 2):
+        assert r["sum"] == 3.0
+        assert r["host"] in r["listening"], r  # type: ignore[operator]
+
+
+def test_hostname_must_be_a_string() -> None:
+    with pytest.raises(TypeError, match="hostname must be a str"):
+        ProcessGroupGloo(timeout=timedelta(seconds=1), hostname=5)  # type: ignore[arg-type]

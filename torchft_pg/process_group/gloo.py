@@ -20,14 +20,23 @@ __all__ = ["ProcessGroupGloo"]
 
 
 def create_gloo_group(
-    store: Store, rank: int, world_size: int, timeout: timedelta
+    store: Store, rank: int, world_size: int, timeout: timedelta, hostname: str | None = None
 ) -> BaseProcessGroup:
     """A c10d group whose CPU (and CUDA) ops run on one Gloo backend.
 
     Blocks until every member has connected, or raises after `timeout`.
+    `hostname`: the address Gloo binds and advertises to its peers; None
+    leaves the choice to torch (the interfaces in ``GLOO_SOCKET_IFNAME``, else
+    whatever this machine's hostname resolves to, which is often loopback).
     """
     pg = BaseProcessGroup(store, rank, world_size)
-    backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    if hostname:
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = timeout
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        backend = dist.ProcessGroupGloo(store, rank, world_size, options)
+    else:
+        backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
     backend._set_sequence_number_for_group()
     pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.GLOO, backend)
     if torch.cuda.is_available():
@@ -37,18 +46,30 @@ def create_gloo_group(
 
 
 class ProcessGroupGloo(ProcessGroupWrapper):
-    """Gloo, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s)."""
+    """Gloo, rebuilt on every `configure`; `timeout` bounds rendezvous and each op (s).
+
+    `hostname` (keyword only, not in torchft): the address this rank's Gloo
+    pairs bind and advertise to the other replicas, e.g. the one given to the
+    Manager as its `hostname`. None keeps torch's choice: ``GLOO_SOCKET_IFNAME``,
+    else the machine's hostname, which resolves to loopback on many hosts (and
+    in a network namespace), so that peers on other hosts cannot connect.
+    """
 
     C10D_BACKEND = "gloo"
 
-    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, timeout: timedelta | float = DEFAULT_TIMEOUT, *, hostname: str | None = None
+    ) -> None:
+        if hostname is not None and not isinstance(hostname, str):
+            raise TypeError(f"hostname must be a str or None, got {type(hostname).__name__}")
         super().__init__(timeout=timeout)
+        self._hostname = hostname or None
         self._abort_signal = AbortSignal()  # one per backend: fired by abort()
         self._works: weakref.WeakSet[AbortableWork] = weakref.WeakSet()
 
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         self._abort_signal = AbortSignal()
-        return create_gloo_group(store, rank, world_size, self._timeout)
+        return create_gloo_group(store, rank, world_size, self._timeout, self._hostname)
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         # Gloo's own abort() leaves a thread in wait() asleep until the op times out.
