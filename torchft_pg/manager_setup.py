@@ -9,6 +9,7 @@ rank reads them there. Rank 0 then talks to its own server in-process
 
 from __future__ import annotations
 
+import ipaddress
 import uuid
 from datetime import timedelta
 
@@ -17,12 +18,34 @@ from torch.distributed import TCPStore
 from lighthouse import LocalManagerClient, ManagerClient, ManagerClientProtocol, ManagerServer
 from torchft_pg.config import ManagerConfig
 
-__all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "connect_replica_group"]
+__all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "advertised_store_addr", "connect_replica_group"]
 
 #: Group-store key where rank 0 publishes its manager server's address.
 MANAGER_ADDR_KEY = "manager_addr"
 #: Group-store key where rank 0 publishes the group's replica id (with its incarnation suffix).
 REPLICA_ID_KEY = "replica_id"
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def advertised_store_addr(store_addr: str, store_port: int, hostname: str | None) -> str:
+    """``host:port`` of the group's store as the other replica groups must reach it.
+
+    The lighthouse hands it to them as the cross-replica rendezvous store. A
+    loopback store host (``MASTER_ADDR=localhost``, as ``torchrun --standalone``
+    sets it) means this machine to our own ranks only, so it is replaced by
+    `hostname` (the address this rank advertises) when one is given; the
+    store's server listens on every interface.
+    """
+    host = hostname if hostname and _is_loopback(store_addr) else store_addr
+    return f"{host}:{store_port}"
 
 
 def connect_replica_group(
@@ -53,7 +76,7 @@ def connect_replica_group(
             config.lighthouse_addr,
             hostname=hostname,
             bind=f"[::]:{config.port}",
-            store_addr=f"{config.store_addr}:{config.store_port}",
+            store_addr=advertised_store_addr(config.store_addr, config.store_port, hostname),
             world_size=config.world_size,
             heartbeat_interval=heartbeat_interval,
             connect_timeout=connect_timeout,
