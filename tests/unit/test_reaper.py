@@ -40,3 +40,37 @@ _reaper.retire([Backend()])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert marker.read_text() == "ok"
+
+
+class _Blocking:
+    """Its teardown waits for `release`: a backend joining threads on a loaded machine."""
+
+    def __init__(self, release: threading.Event, torn: list[int]) -> None:
+        self.release = release
+        self.torn = torn
+
+    def __del__(self) -> None:
+        self.release.wait(10.0)
+        self.torn.append(1)
+
+
+def test_a_retire_storm_waits_for_the_reaper_instead_of_piling_up() -> None:
+    release = threading.Event()
+    torn: list[int] = []
+    retired = threading.Event()
+
+    def storm() -> None:
+        for _ in range(_reaper.MAX_BACKLOG + 3):
+            _reaper.retire([_Blocking(release, torn)])
+        retired.set()
+
+    t = threading.Thread(target=storm, daemon=True)
+    t.start()
+    # The reaper is stuck in the first teardown: the storm must block at the bound.
+    assert not retired.wait(0.5)
+    release.set()
+    assert retired.wait(10.0)
+    t.join(10.0)
+    done = threading.Event()
+    _reaper.retire([_Slow(done)])  # behind all of the storm's teardowns
+    assert done.wait(10.0) and len(torn) == _reaper.MAX_BACKLOG + 3

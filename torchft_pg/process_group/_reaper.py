@@ -5,6 +5,11 @@ not hold the GIL, so `configure` hands the old backend here instead of paying
 that inside the reconfiguration. At interpreter exit the queue is drained
 first (at most `EXIT_DRAIN_S` seconds), so no backend is half torn down on a
 daemon thread while the interpreter finalizes.
+
+The backlog is bounded (``MAX_BACKLOG`` backends): a caller that reconfigures
+faster than old backends can be torn down (a loaded machine, a reconfigure
+storm) waits for the reaper instead of piling up every old backend's I/O
+threads (seen: thousands of threads in one process).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ _queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _thread: threading.Thread | None = None
 _lock = threading.Lock()
 EXIT_DRAIN_S = 10.0
+MAX_BACKLOG = 8
+_backlog = threading.BoundedSemaphore(MAX_BACKLOG)
 
 
 def _run() -> None:
@@ -27,6 +34,7 @@ def _run() -> None:
             return
         item = holder.pop()  # now the only reference is this local
         del item, holder
+        _backlog.release()
 
 
 @atexit.register
@@ -45,6 +53,7 @@ def retire(holder: list[Any]) -> None:
     thread by a race.
     """
     global _thread
+    _backlog.acquire()  # at most MAX_BACKLOG backends waiting: back-pressure, not a pile-up
     with _lock:
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="torchft_pg-reaper", daemon=True)
