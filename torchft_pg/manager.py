@@ -93,7 +93,10 @@ class Manager:
     Without an injected client the constructor only checks its arguments and
     returns; connecting (manager server, lighthouse, group store) runs in the
     background, and the first `start_quorum` waits for it and raises its error
-    (e.g. `LighthouseUnavailableError` after `connect_timeout`). Every client
+    (e.g. `LighthouseUnavailableError` after `connect_timeout`). Connecting
+    starts only once `pg` has started (`ProcessGroup.wait_started`, at most
+    `connect_timeout`), so a group still starting is not yet a live replica
+    its peers' quorums would wait for. Every client
     (`lighthouse.ManagerClientProtocol`) answers `quorum_async`; rank 0's
     in-process one answers on its server's loop, so a steady-state quorum
     finishes without a thread hop.
@@ -204,6 +207,13 @@ class Manager:
 
     # -- start-up ----------------------------------------------------------------
     def _connect(self, config: ManagerConfig, heartbeat_interval: timedelta, retries: int) -> None:
+        # Not visible to the lighthouse before the group can meet its peers: a
+        # replica that asks for a quorum (or is merely live) while its group still
+        # starts (a Baby child importing torch) stalls every peer's next step.
+        try:
+            self._pg.wait_started(self._connect_timeout)
+        except Exception as e:  # the first configure starts afresh and reports its own error
+            logger.warning("replica %s: process group start-up failed: %s", self.replica_id, e)
         client, self.replica_id, self._server = connect_replica_group(
             config, config.hostname, heartbeat_interval, self._connect_timeout, retries
         )

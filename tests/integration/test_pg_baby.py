@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 
+import pytest
 import torch
 
 from tests.multiproc import RankContext, run_ranks
@@ -121,15 +123,23 @@ def test_killing_the_child_fails_work_and_configure_recovers() -> None:
     assert r0["sum"] == r1["sum"] == 3.0
 
 
-def _abort(ctx: RankContext) -> list[str]:
+def _abort_idle(ctx: RankContext) -> list[str]:
     pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=20), warm_spare=False)
     pg.configure(ctx.addr("a/0"), ctx.rank, ctx.world_size)
+    pg.allreduce([torch.ones(1)]).wait()
     pid = pg.child_pid
     pg.abort()
     pg.abort()
-    assert pid is not None and not _pid_alive(pid)
     seen = [type(pg.errored()).__name__]
+    try:
+        pg.allreduce([torch.ones(1)])
+    except ProcessGroupAbortedError as e:
+        seen.append("aborted" if "configure()" in str(e) else str(e))
+    # Nothing was in flight: the child is kept, and the next configure is one
+    # message to it rather than a new interpreter importing torch.
+    assert pid is not None and _pid_alive(pid)
     pg.configure(ctx.addr("a/1"), ctx.rank, ctx.world_size)
+    seen.append("same child" if pg.child_pid == pid else f"new child {pg.child_pid}")
     t = torch.ones(1)
     pg.allreduce([t]).wait()
     seen.append(str(t.item()))
@@ -137,6 +147,58 @@ def _abort(ctx: RankContext) -> list[str]:
     return seen
 
 
-def test_abort_kills_the_child_and_configure_starts_another() -> None:
-    for r in run_ranks(_abort, 2, timeout=120):
-        assert r == ["ProcessGroupAbortedError", "2.0"]
+def test_abort_of_an_idle_child_keeps_it_for_the_next_configure() -> None:
+    for r in run_ranks(_abort_idle, 2, timeout=120):
+        assert r == ["ProcessGroupAbortedError", "aborted", "same child", "2.0"]
+
+
+def _in_flight(ctx: RankContext) -> dict[str, object]:
+    """Rank 0 has an allreduce in flight that rank 1 never joins; the PG timeout is
+    60 s. `how` ends it: abort(), or a configure for the next group without one."""
+    (how,) = ctx.args
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
+    pg.configure(ctx.addr(f"{how}/0"), ctx.rank, ctx.world_size)
+    pg.allreduce([torch.ones(1)]).wait()
+    out: dict[str, object] = {}
+    failed = threading.Event()
+    old_pid = pg.child_pid
+    assert old_pid is not None
+    if ctx.rank == 0:
+        work = pg.allreduce([torch.ones(1)])
+
+        def waiter() -> None:
+            try:
+                work.wait()
+                out["pending"] = "completed"
+            except Exception as e:
+                out["pending"] = f"{type(e).__name__}: {e}"
+            failed.set()
+
+        thread = threading.Thread(target=waiter, daemon=True)
+        thread.start()
+        if how == "abort":
+            pg.abort()  # fails it at once: the child is killed (nothing else stops a Gloo op)
+            out["failed_in_time"] = failed.wait(20)
+    ctx.barrier("ended")
+    t = torch.tensor([float(ctx.rank + 1)])
+    pg.configure(ctx.addr(f"{how}/1"), ctx.rank, ctx.world_size)
+    if ctx.rank == 0:
+        if how == "configure":
+            out["failed_in_time"] = failed.wait(20)
+        out["old_child_gone"] = not _pid_alive(old_pid)
+        out["new_child"] = pg.child_pid != old_pid
+        thread.join(10)
+    pg.allreduce([t]).wait()
+    out["sum"] = t.item()
+    pg.shutdown()
+    return out
+
+
+@pytest.mark.parametrize("how", ["abort", "configure"])
+def test_an_op_in_flight_fails_at_once_and_the_next_group_gets_a_fresh_child(how: str) -> None:
+    r0, r1 = run_ranks(_in_flight, 2, how, timeout=150)
+    assert r0["failed_in_time"], r0  # not after the 60 s PG timeout
+    assert str(r0["pending"]).startswith("ProcessGroupAbortedError"), r0
+    assert "killed" in str(r0["pending"]) or "exited" in str(r0["pending"]), r0
+    assert r0["old_child_gone"] and r0["new_child"]
+    assert r0["sum"] == r1["sum"] == 3.0

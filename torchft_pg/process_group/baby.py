@@ -132,8 +132,12 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         return ChildProcess(self.BACKEND, self._device_index)
 
     def _live_child(self) -> ChildProcess:
-        """The current child if alive, else the warm spare, else a new one."""
+        """The current child if alive and idle, else the warm spare, else a new one."""
         child = self._child
+        if child is not None and child.dead is None:
+            child.poll_completions()
+            if child.num_pending():  # ops of the previous group still run: only a kill stops them
+                child.kill()
         if child is None or child.dead is not None or child.proc.poll() is not None:
             if child is not None:
                 child.close()
@@ -145,6 +149,12 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         if self._warm_spare and (self._spare is None or self._spare.proc.poll() is not None):
             self._spare = self._start_child()
         return child
+
+    def wait_started(self, timeout: timedelta) -> None:
+        """Block until the current child serves (it imports torch: seconds when cold)."""
+        child = self._child
+        if child is not None and child.dead is None:
+            child.wait_ready(timeout)
 
     @property
     def child_pid(self) -> int | None:
@@ -171,10 +181,20 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         pass  # the child replaces its own backend on the next "configure"
 
     def _abort_backend(self, pg: Any) -> None:
-        if isinstance(pg, ChildProcess):
-            pg.kill()
-            if self._child is pg:
-                self._child = None
+        """Fail the in-flight ops at once. A child with an op still running is
+        killed: nothing else stops a Gloo op (Gloo's abort leaves it running
+        until its timeout), and a live op may still write into the caller's
+        shared-memory tensors. An idle child is kept: the next `configure`
+        replaces its backend in one message instead of switching to the spare
+        and starting a new one (an interpreter importing torch: seconds of CPU)."""
+        if not isinstance(pg, ChildProcess):
+            return
+        pg.poll_completions()  # a failure the child already reported (a dead peer's socket)
+        if pg.dead is None and pg.num_pending() == 0:
+            return
+        pg.kill()
+        if self._child is pg:
+            self._child = None
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         child = self.parent

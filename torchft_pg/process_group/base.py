@@ -215,6 +215,16 @@ class ProcessGroup(BaseProcessGroup):
     def interrupt_configure(self, reason: str) -> None:
         """Make a `configure` in progress fail now (a member is known dead); default: no-op."""
 
+    def wait_started(self, timeout: timedelta) -> None:
+        """Block (at most `timeout`) until this group's own start-up is done.
+
+        A group that joins a quorum before it can meet its peers makes every
+        peer wait for it at the rendezvous (a Baby group's child imports torch:
+        seconds); the Manager calls this before its replica group becomes
+        visible to the lighthouse. Raises what the start-up raised. Default:
+        nothing to wait for.
+        """
+
     def num_active_work(self) -> int:
         """How many operations this group started that have not completed yet.
 

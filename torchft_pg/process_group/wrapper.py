@@ -142,6 +142,10 @@ class ProcessGroupWrapper(ProcessGroup):
         self._interrupt_reason = reason
         self._interrupted.set()
 
+    def wait_started(self, timeout: timedelta) -> None:
+        if self._wrapped is not None:
+            self._wrapped.wait_started(timeout)
+
     def _retire_backend(self, holder: list[Any]) -> None:
         """Dispose of the previous backend (``holder[0]``, its only reference) off-thread."""
         self._abort_backend(holder[0])
