@@ -173,6 +173,44 @@ class LeaseHolder:
         self._set(None)
         self.leased_round = None
 
+    def on_stream_broken(self) -> None:
+        """The liveness stream broke (on the loop): the lease is void (a recall may be
+        lost), so a leased round waiting for the slowest holder stops waiting and asks
+        the lighthouse. Only the lighthouse reports the floor: nothing else would end
+        that wait before the round's deadline. The leased round in progress is kept
+        for ``on_stream_reopened``."""
+        self._set(None)
+
+    def on_stream_reopened(self, replica_id: str, resolved_step: int) -> FailureNotice | None:
+        """The liveness stream opened again (on the loop); the lease is void. Returns the
+        step-scoped notice that fails the leased step still in progress (its vote not
+        decided: ``resolved_step`` is the latest decided), if any.
+
+        While the stream was broken the lighthouse could not reach us: it may have
+        recalled the lease (it saw our stream close), or it restarted and knows no
+        lease at all. Either way a peer may have left the leased step to ask for a
+        quorum, and nobody can tell us any more, so the step's collectives would
+        wait for it until they time out (while the lighthouse, seeing us live but
+        not asking, waits its join timeout for us). A step that did finish
+        meanwhile is decided and left alone.
+        """
+        leased = self.leased_round
+        self.drop()
+        if leased is None or leased.step <= resolved_step:
+            return None
+        lease = leased.lease
+        peers = tuple(m.replica_id for m in lease.quorum.participants if m.replica_id != replica_id)
+        if not peers:
+            return None  # alone in the quorum: nobody to wait for
+        return FailureNotice(
+            lease.epoch,
+            lease.quorum.quorum_id,
+            peers,
+            f"the liveness stream to the lighthouse reopened: lease {lease.lease_id} is void and "
+            f"the peers may have left step {leased.step}",
+            step=leased.step,
+        )
+
     def on_recall(self, recall: LeaseRecall, resolved_step: int) -> FailureNotice | None:
         """Void the recalled lease; the step-scoped notice to relay if the leased step
         in progress (its vote not decided: ``resolved_step`` is the latest decided) is stranded."""

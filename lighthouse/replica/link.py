@@ -1,14 +1,25 @@
 """A manager server's link to the lighthouse: liveness stream, quorum stream, retries.
 
 Lives on the background event loop. The liveness stream is pinged every
-heartbeat interval and reopened (50 ms .. 1 s backoff) after it breaks, e.g.
-across a lighthouse restart; failure notices arriving on it go to ``on_notice``.
-Quorum requests travel on one persistent ``QuorumStream``.
+heartbeat interval and reopened after it breaks, e.g. across a lighthouse
+restart; failure notices arriving on it go to ``on_notice``, and every open
+and break to ``on_stream``. Quorum requests travel on one persistent
+``QuorumStream``.
+
+Reconnecting. A lighthouse restarted on the same address listens again within
+about a second, so while the lighthouse is unreachable the liveness stream is
+retried every 50 ms for the first second, then backing off (x1.5 per attempt)
+to two attempts a second (`retry_delay`). gRPC's own reconnect backoff would
+pace the attempts instead (it reaches 1 s within a second of failures), so a
+channel that is in backoff is replaced by a fresh one before each attempt. A
+quorum request that failed because the lighthouse was unreachable is asked
+again as soon as the liveness stream reopens, not at its next retry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -30,13 +41,28 @@ from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, Quo
 log = logging.getLogger("lighthouse.manager")
 T = TypeVar("T")
 
+RETRY_FAST_S = 0.05  # seconds between attempts during the first second of an outage
+RETRY_FAST_FOR_S = 1.0  # how long an outage is retried at the fast pace (seconds)
+RETRY_MAX_S = 0.5  # the slowest pace (seconds between attempts)
+# A channel of its own: a fresh channel must not inherit the backoff of a shared subchannel.
+_LINK_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+
+
+def retry_delay(down_s: float, previous_s: float) -> float:
+    """Seconds to wait before the next attempt to reach the lighthouse, which has
+    been unreachable for ``down_s`` seconds; ``previous_s``: the last delay (0 at first)."""
+    if down_s < RETRY_FAST_FOR_S:
+        return RETRY_FAST_S
+    return min(max(previous_s, RETRY_FAST_S) * 1.5, RETRY_MAX_S)
+
 
 class LighthouseLink:
     """Connection of replica ``replica_id`` to the lighthouse at ``addr``.
 
     ``heartbeat_s``: seconds between liveness pings; ``connect_s``: seconds an
     unreachable lighthouse is waited for (start-up) or retried (quorum);
-    ``retries``: extra attempts after other quorum failures.
+    ``retries``: extra attempts after other quorum failures. ``on_stream(open)``
+    is called on the loop after the liveness stream opens (True) or breaks (False).
     """
 
     def __init__(
@@ -47,6 +73,7 @@ class LighthouseLink:
         connect_s: float,
         retries: int,
         on_notice: Callable[[FailureNotice | LeaseRecall | LeaseFloor], None],
+        on_stream: Callable[[bool], None] | None = None,
     ) -> None:
         self.replica_id = replica_id
         self._lh_addr = addr
@@ -54,6 +81,7 @@ class LighthouseLink:
         self._connect_s = connect_s
         self._retries = retries
         self._on_notice = on_notice
+        self._on_stream = on_stream
         self.lighthouse_epoch = ""  # epoch of the lighthouse our liveness stream is open to
         # Bumped whenever the liveness stream opens or breaks: a lease granted under
         # one generation is void under another (a recall may have been lost).
@@ -67,10 +95,47 @@ class LighthouseLink:
         self._task: asyncio.Task[None] | None = None
         self._live_call: Any = None  # the open liveness stream, for the leaving ping
         self._leaving = False
+        self._open_now: asyncio.Event | None = None  # set while the liveness stream is open
+        self._retired: list[Any] = []  # replaced channels not closed yet (see _redial)
+        self._qcall_channel: Any = None  # the channel the quorum stream is on
+        self.redials = 0  # channels replaced because gRPC was backing off
+
+    def _dial(self) -> None:
+        """A new channel to the lighthouse, and the stubs on it."""
+        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=_LINK_CHANNEL_OPTIONS)
+        self._lh_quorum_stream = stub(self._channel, services.LIGHTHOUSE_QUORUM_STREAM)
+        self._lh_liveness = stub(self._channel, services.LIGHTHOUSE_LIVENESS)
+
+    async def _redial(self) -> None:
+        """Replace the channel if gRPC is backing off from a failed connection: its
+        next attempt may be up to a second away, ours is due now.
+
+        Only the liveness loop redials, between its calls. A quorum request in
+        flight may still be on the old channel (it fails there, and is asked
+        again once the stream reopens on the new one): closing a channel
+        cancels its calls with ``CancelledError``, which would end the round's
+        task, so an old channel is closed only while no quorum request is in
+        flight (`_close_retired`).
+        """
+        if self._channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            self._retired.append(self._channel)
+            self._dial()
+            self.redials += 1
+        await self._close_retired()
+
+    async def _close_retired(self) -> None:
+        if not self._retired or self._qlock.locked():
+            return
+        if self._qcall is not None and self._qcall_channel is not self._channel:
+            self._qcall.cancel()  # the quorum stream of an old channel: reopen on the new one
+            self._qcall = self._qcall_channel = None
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close()
 
     async def connect(self) -> None:
         """Wait up to ``connect_s`` for the lighthouse, then start the liveness stream."""
-        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=CHANNEL_OPTIONS)
+        self._dial()
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
         except asyncio.TimeoutError:
@@ -79,10 +144,9 @@ class LighthouseLink:
                 f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
                 f"{self._connect_s:g} s"
             ) from None
-        self._lh_quorum_stream = stub(self._channel, services.LIGHTHOUSE_QUORUM_STREAM)
-        self._lh_liveness = stub(self._channel, services.LIGHTHOUSE_LIVENESS)
         self._qlock = asyncio.Lock()
         self._opened = asyncio.Event()
+        self._open_now = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._liveness_loop())
         # Wait for the stream's acknowledgement too: a quorum lease is only taken
         # over an open stream, and a member without one while its peers hold it
@@ -129,7 +193,8 @@ class LighthouseLink:
                 pass
         if self._task is not None:
             self._task.cancel()
-        await self._channel.close()
+        for channel in (*self._retired, self._channel):
+            await channel.close()
 
     def wait_liveness(self, timeout: timedelta, epoch: str | None = None) -> bool:
         """Wait until the liveness stream is open (to lighthouse ``epoch`` if given).
@@ -143,7 +208,9 @@ class LighthouseLink:
             )
 
     async def _liveness_loop(self) -> None:
-        backoff = 0.05
+        loop = asyncio.get_running_loop()
+        down_since: float | None = None  # loop time of the first failure since the stream was open
+        delay = 0.0
         ping = wire.encode_liveness_ping(self.replica_id)
         while not self._leaving:
             call = self._lh_liveness()
@@ -166,7 +233,11 @@ class LighthouseLink:
                 self.generation += 1
                 self.stream_open = True
                 self._opened.set()
-                backoff = 0.05
+                assert self._open_now is not None
+                self._open_now.set()
+                down_since, delay = None, 0.0
+                if self._on_stream is not None:
+                    self._on_stream(True)
                 pinger = asyncio.get_running_loop().create_task(self._ping(call))
                 while True:
                     ev = await call.read()
@@ -176,22 +247,36 @@ class LighthouseLink:
                     _, notice = wire.decode_liveness_event(ev)
                     if notice is not None:
                         self._on_notice(notice)
-            except (grpc.aio.AioRpcError, ConnectionError, ValueError) as exc:
+            except (
+                grpc.aio.AioRpcError,
+                grpc.aio.UsageError,  # a call on a channel closed meanwhile
+                asyncio.InvalidStateError,
+                ConnectionError,
+                ValueError,
+            ) as exc:
                 log.debug(
                     "%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc
                 )
             finally:
-                if self.stream_open:
+                was_open = self.stream_open
+                if was_open:
                     self.generation += 1
                     self.stream_open = False
+                    assert self._open_now is not None
+                    self._open_now.clear()
                 if pinger is not None:
                     pinger.cancel()
                 call.cancel()
                 self._live_call = None
+                if was_open and self._on_stream is not None and not self._leaving:
+                    self._on_stream(False)
             if self._leaving:
                 return
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            now = loop.time()
+            down_since = now if down_since is None else down_since
+            delay = retry_delay(now - down_since, delay)
+            await asyncio.sleep(delay)
+            await self._redial()
 
     def ping_soon(self) -> None:
         """Send the current progress now rather than at the next heartbeat (on the loop):
@@ -229,7 +314,7 @@ class LighthouseLink:
         loop = asyncio.get_running_loop()
         first_unavailable: float | None = None
         retries = 0
-        delay = 0.05
+        delay = 0.0
         timeout = QuorumTimeoutError(
             f"lighthouse at {self._lh_addr} formed no quorum with {self.replica_id!r} in time"
         )
@@ -259,7 +344,10 @@ class LighthouseLink:
                         f"lighthouse at {self._lh_addr} unreachable for {now - first_unavailable:.2f} s "
                         f"(connect_timeout {self._connect_s:g} s): {code.name}: {details}"
                     )
-            elif retries < self._retries:
+                delay = retry_delay(now - first_unavailable, delay)
+                await self._until_reopened(min(delay, max(0.0, deadline - loop.time())))
+                continue
+            if retries < self._retries:
                 retries += 1
             elif code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise QuorumRejectedError(f"lighthouse at {self._lh_addr} refused: {details}")
@@ -267,8 +355,18 @@ class LighthouseLink:
                 raise FaultToleranceError(
                     f"lighthouse quorum call to {self._lh_addr} failed: {code.name}: {details}"
                 )
+            delay = min(max(delay, RETRY_FAST_S) * 1.5, RETRY_MAX_S)
             await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 1.5, 1.0)
+
+    async def _until_reopened(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s`` seconds, or less: until the liveness stream opens again
+        (the lighthouse is back), if it is not open now."""
+        opened = self._open_now
+        if opened is None or self.stream_open:
+            await asyncio.sleep(timeout_s)
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(opened.wait(), timeout_s)
 
     async def _ask(
         self, payload: bytes, timeout_s: float
@@ -281,6 +379,7 @@ class LighthouseLink:
         async with self._qlock:
             if self._qcall is None:
                 self._qcall = self._lh_quorum_stream()
+                self._qcall_channel = self._channel
             call = self._qcall
             try:
                 reply = await _within(_exchange(call, payload), timeout_s)
@@ -295,10 +394,15 @@ class LighthouseLink:
                 )
             except grpc.aio.AioRpcError as exc:
                 code, details = exc.code(), exc.details() or ""
-            except (ConnectionError, asyncio.InvalidStateError) as exc:
+            except (ConnectionError, asyncio.InvalidStateError, grpc.aio.UsageError) as exc:
                 code, details = grpc.StatusCode.UNAVAILABLE, str(exc)
+            if self._qcall_channel is not self._channel:  # its channel was replaced: retry
+                code, details = (
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"reconnecting ({code.name}: {details})",
+                )
             call.cancel()
-            self._qcall = None
+            self._qcall = self._qcall_channel = None
             return None, code, details
 
 

@@ -116,6 +116,7 @@ class ManagerServer:
             self._connect_s,
             quorum_retries,
             self._on_event,
+            self._on_stream,
         )
         self._rounds = QuorumRounds(
             replica_id=replica_id,
@@ -241,6 +242,17 @@ class ManagerServer:
             event.reason,
         )
         self._relay(event)
+
+    def _on_stream(self, is_open: bool) -> None:
+        """The liveness stream opened or broke (on the loop). A leased step still
+        running when it reopens is failed: see ``LeaseHolder.on_stream_reopened``."""
+        if not is_open:
+            self._lease.on_stream_broken()
+            return
+        stranded = self._lease.on_stream_reopened(self.replica_id, self._rounds.resolved_step)
+        if stranded is not None:
+            log.warning("%s: failing step %s: %s", self.replica_id, stranded.step, stranded.reason)
+            self._relay(stranded)
 
     def _on_recall(self, recall: LeaseRecall) -> None:
         """Void the recalled lease; fail the leased step in progress if it is stranded."""
