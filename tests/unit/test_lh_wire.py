@@ -114,7 +114,11 @@ def test_manager_quorum_request_is_frozen_and_keyword_only() -> None:
         ({"group_rank": -1}, ValueError, r"group_rank must be >= 0 and fit in an int64, got -1"),
         ({"step": True}, TypeError, r"step must be an int, got True"),
         ({"commit_failures": 1.0}, TypeError, r"commit_failures must be an int, got 1\.0"),
-        ({"commit_failures": -2}, ValueError, r"commit_failures must be >= 0 and fit in an int64, got -2"),
+        (
+            {"commit_failures": -2},
+            ValueError,
+            r"commit_failures must be >= 0 and fit in an int64, got -2",
+        ),
         ({"checkpoint_metadata": b"x"}, TypeError, r"checkpoint_metadata must be a str, got b'x'"),
         ({"shrink_only": 1}, TypeError, r"shrink_only must be a bool, got 1"),
         ({"init_sync": None}, TypeError, r"init_sync must be a bool, got None"),
@@ -136,7 +140,11 @@ def test_a_bad_manager_quorum_request_is_refused_before_sending(
     ("fields", "timeout", "msg"),
     [
         ({"step": -3}, timedelta(seconds=1), r"step must be >= 0 and fit in an int64, got -3"),
-        ({"group_rank": -1}, timedelta(seconds=1), r"group_rank must be >= 0 and fit in an int64, got -1"),
+        (
+            {"group_rank": -1},
+            timedelta(seconds=1),
+            r"group_rank must be >= 0 and fit in an int64, got -1",
+        ),
         ({"step_time_ms": float("inf")}, timedelta(seconds=1), r"step_time_ms .*, got inf"),
         ({}, timedelta(0), r"timeout must be positive, got 0:00:00"),
     ],
@@ -163,7 +171,10 @@ def test_malformed_bytes_name_the_message() -> None:
         (QuorumMember("a b"), "replica_id must be printable without whitespace"),
         (QuorumMember("x" * 300), "replica_id must be at most 256 characters, got 300"),
         (QuorumMember("a", step=-1), "step must be >= 0 and fit in an int64, got -1"),
-        (QuorumMember("a", commit_failures=-2), "commit_failures must be >= 0 and fit in an int64, got -2"),
+        (
+            QuorumMember("a", commit_failures=-2),
+            "commit_failures must be >= 0 and fit in an int64, got -2",
+        ),
         (
             QuorumMember("a", address="h:1", world_size=0),
             "world_size must be >= 1 for a replica group",
