@@ -1,0 +1,82 @@
+"""`DistributedSampler`: shard a dataset over replica groups and the ranks inside each.
+
+The dataset is split into ``num_replica_groups * num_replicas`` shards, and
+group rank `group_rank` of replica group `replica_rank` reads shard
+``replica_rank * num_replicas + group_rank``. `num_replica_groups` is the most
+replica groups the job will ever have (the lighthouse decides at run time
+how many are live), so while a group is down its shard is not read; a group
+that heals resumes its own shard. Use a stateful data loader to checkpoint
+each group's position if skipping or repeating batches matters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+from torch.utils import data
+
+__all__ = ["DistributedSampler"]
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+def _index(name: str, value: object, size_name: str, size: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+        raise ValueError(f"{name} must be an int in [0, {size_name} = {size}), got {value!r}")
+    return value
+
+
+class DistributedSampler(data.distributed.DistributedSampler[T_co]):
+    """torch's DistributedSampler over the shards of all replica groups.
+
+    Args:
+        dataset: the dataset to sample from.
+        replica_rank: this replica group's index, in [0, num_replica_groups).
+        num_replica_groups: the most replica groups the job will have.
+        group_rank: this rank inside its replica group; default: the rank in
+            the default process group (``torch.distributed.get_rank()``).
+        num_replicas: the ranks per replica group; default: the default
+            process group's world size.
+        **kwargs: passed on to torch's sampler (``shuffle``, ``seed``, ``drop_last``).
+
+    `global_rank` and `global_world_size` are this rank's shard and the
+    number of shards. Every rank of every group must use the same
+    `num_replica_groups`, `num_replicas`, seed and epoch (``set_epoch``).
+    """
+
+    def __init__(
+        self,
+        dataset: data.Dataset[T_co],
+        replica_rank: int,
+        num_replica_groups: int,
+        group_rank: int | None = None,
+        num_replicas: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if group_rank is None or num_replicas is None:
+            if not (dist.is_available() and dist.is_initialized()):
+                missing = "group_rank" if group_rank is None else "num_replicas"
+                raise ValueError(
+                    f"{missing} was not given and torch.distributed has no default process "
+                    "group to take it from; pass group_rank and num_replicas"
+                )
+            if group_rank is None:
+                group_rank = dist.get_rank()
+            if num_replicas is None:
+                num_replicas = dist.get_world_size()
+        groups = _count("num_replica_groups", num_replica_groups)
+        per_group = _count("num_replicas", num_replicas)
+        replica_rank = _index("replica_rank", replica_rank, "num_replica_groups", groups)
+        group_rank = _index("group_rank", group_rank, "num_replicas", per_group)
+        self.global_rank: int = replica_rank * per_group + group_rank
+        self.global_world_size: int = groups * per_group
+        super().__init__(
+            dataset, num_replicas=self.global_world_size, rank=self.global_rank, **kwargs
+        )
