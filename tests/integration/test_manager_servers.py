@@ -122,7 +122,8 @@ def test_a_step_past_int64_fails_at_once_not_at_the_quorum_timeout() -> None:
             with pytest.raises(ValueError, match=r"step must be an int >= 0 and < 2\*\*63"):
                 manager.load_state_dict({"step": 2**63, "batches_committed": 0})
             with pytest.raises(ValueError, match="batches_committed must be an int"):
-                manager.load_state_dict({"step": 1, "batches_committed": "2"})
+                bad: dict[str, Any] = {"step": 1, "batches_committed": "2"}
+                manager.load_state_dict(bad)
             manager._step = 2**63  # e.g. a subclass's own restore path
             start = time.monotonic()
             manager.start_quorum()
