@@ -5,7 +5,15 @@ report = run_chaos(ChaosConfig(replicas=3, steps=30, plan=FaultPlan.random(seed=
 assert report.ok, report.failures
 """
 
-from torchft_pg.chaos.plan import Fault, FaultPlan
+from torchft_pg.chaos.plan import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
 from torchft_pg.chaos.supervisor import ChaosConfig, ChaosReport, run_chaos
 
-__all__ = ["ChaosConfig", "ChaosReport", "Fault", "FaultPlan", "run_chaos"]
+__all__ = [
+    "CLASSIC_FAULTS",
+    "PHASE_FAULTS",
+    "ChaosConfig",
+    "ChaosReport",
+    "Fault",
+    "FaultPlan",
+    "run_chaos",
+]

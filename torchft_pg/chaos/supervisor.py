@@ -5,18 +5,28 @@ processes come from a forkserver that has imported torch once, so a restart
 costs tens of milliseconds rather than an interpreter start-up (torchrun
 would pay that; the benchmark reports the library's share separately).
 Every process is stopped by its own pid when the run ends, whatever happens.
+
+The plan's fault groups are released one at a time, each once the job has
+recovered from the previous one (`schedule.py`), so each fault hits a
+recovered job and some replica always holds the committed state; a run lasts
+at least `steps` steps, and until the last group fired and the job recovered.
+The ledger (`ledger.py`) checks each commit as it arrives; at the end every
+replica must hold the same state, and the oracle (`oracle.py`) replays the
+committed history and compares it with each one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -24,8 +34,14 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
-from torchft_pg.chaos.plan import Fault, FaultPlan
+from torchft_pg.chaos import events as ev
+from torchft_pg.chaos import oracle
+from torchft_pg.chaos.config import ChaosConfig, ChaosReport
+from torchft_pg.chaos.ledger import Ledger
+from torchft_pg.chaos.plan import Fault
+from torchft_pg.chaos.schedule import FaultSchedule
 from torchft_pg.chaos.trainer import GO_KEY, TrainerConfig, run_trainer
+from torchft_pg.chaos.workload import FlatState, Workload
 
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 
@@ -33,72 +49,28 @@ _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "torchft_pg", "torchft_pg.chaos._warm"])
 
 
-@dataclass(frozen=True)
-class ChaosConfig:
-    """A run: `replicas` groups of `group_world_size` ranks train `steps` steps. Times in seconds."""
-
-    replicas: int = 3
-    steps: int = 20
-    plan: FaultPlan = field(default_factory=FaultPlan)
-    group_world_size: int = 1
-    pg_kind: str = "gloo"
-    transport: str = "http"  # or "pg"
-    min_replicas: int = 1
-    join_timeout_ms: int = 300
-    timeout_s: float = 5.0
-    quorum_timeout_s: float = 60.0
-    delay_s: float = 0.6  # > join timeout: a delayed replica misses a quorum
-    deadline_s: float = 300.0  # the whole run; past it everything is killed and the run fails
-    hidden: int = 64
-    seed: int = 0
-    step_time_s: float = 0.02  # simulated compute per step, so survivors do not race ahead
-    verbose: bool = True
-
-
-@dataclass
-class ChaosReport:
-    """What happened and whether the invariants held (`failures` empty)."""
-
-    final_steps: dict[int, int] = field(default_factory=dict)
-    checksums: dict[int, str] = field(default_factory=dict)
-    commits: int = 0
-    faults_fired: list[tuple[int, int, str]] = field(default_factory=list)
-    kills: int = 0
-    restarts: int = 0
-    lighthouse_restarts: int = 0
-    kill_to_survivor_commit_s: list[float] = field(default_factory=list)
-    restart_to_commit_s: list[float] = field(default_factory=list)
-    library_start_s: list[float] = field(
-        default_factory=list
-    )  # restarted replica: Manager construction
-    # restarted replica: from Manager ready to its first commit (quorum, heal, one step)
-    ready_to_commit_s: list[float] = field(default_factory=list)
-    # ... of which: waiting for its quorum (the survivors finishing their step),
-    # reconfiguring the PG, healing (Manager.last_quorum_timings, summed to the first commit)
-    join_quorum_s: list[float] = field(default_factory=list)
-    join_configure_s: list[float] = field(default_factory=list)
-    join_heal_s: list[float] = field(default_factory=list)
-    quorum_ids: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    wall_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-
-class _Events:
-    """The child's end of its event pipe, with a queue's `put`."""
+class _Pipe:
+    """The child's end of its pipe: a queue's `put` for events (from any of its
+    threads), and `poll`/`recv` for the supervisor's messages."""
 
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self._lock = threading.Lock()
 
     def put(self, event: Any) -> None:
-        self._conn.send(event)
+        with self._lock:
+            self._conn.send(event)
+
+    def poll(self) -> bool:
+        return self._conn.poll()
+
+    def recv(self) -> Any:
+        return self._conn.recv()
 
 
 def _child(config: TrainerConfig, conn: Connection) -> None:
-    run_trainer(config, _Events(conn))
+    pipe = _Pipe(conn)
+    run_trainer(config, pipe, pipe)
 
 
 @dataclass
@@ -108,8 +80,11 @@ class _Rank:
     incarnation: int
     proc: Any
     conn: Connection
-    done: bool = False
+    done: bool = False  # finished, or gone: no more events expected
     ready: bool = False
+    dying: ev.Dying | None = None
+    orphaned: bool = False  # raised after a peer of its group died: its exit is expected
+    frozen: tuple[float, float, int, int] | None = None  # (at, resume at, step, others' max step)
 
 
 class _Run:
@@ -118,6 +93,7 @@ class _Run:
         self.out = out
         self.report = ChaosReport()
         self.start = time.time()
+        self.ledger = Ledger(Workload(seed=config.seed, hidden=config.hidden))
         # The job's committed step outlives a lighthouse restart (as the CLI keeps it).
         self.state_dir = tempfile.mkdtemp(prefix="torchft-pg-chaos-")
         self.lighthouse = self._start_lighthouse("127.0.0.1:0")
@@ -125,29 +101,35 @@ class _Run:
         self.ranks: list[_Rank] = []
         self.stores: dict[int, TCPStore] = {}
         self.incarnations: dict[int, int] = {}
-        self.fired: set[tuple[int, int]] = set()
-        self.pending_kill: dict[int, float] = {}  # replica -> time its kill fault fired
+        self.schedule = FaultSchedule(config.plan, config.replicas)
+        # replica -> (when its remaining ranks are stopped at the latest, the step its rank died in)
+        self.group_down_by: dict[int, tuple[float, int]] = {}
         self.awaiting_survivor: list[tuple[int, float]] = []  # (killed replica, kill time)
         self.awaiting_restart: dict[int, float] = {}  # replica -> restart time
-        self.last_step: dict[
-            tuple[int, int], int
-        ] = {}  # (replica, incarnation) -> last committed step
-        self.step_quorum: dict[int, str] = {}  # step -> the quorum that committed it
-        self.epoch_of_last: dict[int, str] = {}  # replica -> epoch of its last commit
         self.ready_at: dict[int, float] = {}  # restarted replica -> when its Manager was ready
-        self.epochs_seen: list[str] = []
+        self.finals: dict[str, FlatState] = {}
+        self.freeze_s = (
+            config.freeze_s
+            if config.freeze_s is not None
+            else (config.heartbeat_timeout_ms or 5000) / 1000 + config.timeout_s + 1.0
+        )
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
         return LighthouseServer(
             bind=bind,
             min_replicas=self.c.min_replicas,
             join_timeout_ms=self.c.join_timeout_ms,
+            heartbeat_timeout_ms=self.c.heartbeat_timeout_ms,
             state_file=os.path.join(self.state_dir, "lighthouse.state.json"),
         )
 
     def t(self) -> float:
         return time.time() - self.start
 
+    def say(self, line: str) -> None:
+        self.out(f"[{self.t():7.2f}s] {line}")
+
+    # -- processes ---------------------------------------------------------------
     def start_group(self, replica: int) -> None:
         inc = self.incarnations.get(replica, -1) + 1
         self.incarnations[replica] = inc
@@ -158,14 +140,14 @@ class _Run:
         if inc > 0:
             store.set(GO_KEY, "1")  # a restarted group starts at once and heals
         for group_rank in range(self.c.group_world_size):
-            parent, child = _CTX.Pipe(duplex=False)
+            parent, child = _CTX.Pipe(duplex=True)
             cfg = TrainerConfig(
                 replica=replica,
                 lighthouse_addr=f"127.0.0.1:{self.lh_port}",
                 store_port=store.port,
                 steps=self.c.steps,
                 plan=self.c.plan,
-                fired=frozenset(self.fired),
+                fired=frozenset(self.schedule.fired),
                 incarnation=inc,
                 group_rank=group_rank,
                 group_world_size=self.c.group_world_size,
@@ -178,6 +160,9 @@ class _Run:
                 delay_s=self.c.delay_s,
                 expected_replicas=self.c.replicas,
                 step_time_s=self.c.step_time_s,
+                released=tuple(sorted(self.schedule.released.items())),
+                finish_at=self.schedule.finish_at,
+                log_level=self.c.log_level,
             )
             proc = _CTX.Process(
                 target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
@@ -189,122 +174,196 @@ class _Run:
     def kill_group(self, replica: int) -> None:
         """SIGKILL every rank of the replica's current incarnation and forget them."""
         for r in self.ranks:
-            if r.replica == replica and not r.done:
+            if r.replica == replica:
                 if r.proc.is_alive() and r.proc.pid is not None:
                     os.kill(r.proc.pid, signal.SIGKILL)
                 r.proc.join(timeout=10)
                 r.conn.close()
                 r.done = True
         self.ranks = [r for r in self.ranks if r.replica != replica]
+        self.group_down_by.pop(replica, None)
 
-    def on_event(self, rank: _Rank, event: tuple[Any, ...]) -> None:
-        kind = event[0]
-        if kind == "step":
-            _, replica, group_rank, inc, step, committed, qid, participants, loss, at = event
-            if group_rank != 0:
-                return
-            if self.c.verbose:
-                self.out(
-                    f"[{at - self.start:7.2f}s] replica {replica} (inc {inc}) step {step:3d} "
-                    f"{'committed' if committed else 'DISCARDED'} quorum {qid} "
-                    f"participants {participants} loss {loss:.4f}"
-                )
-            if not committed:
-                return
-            self.report.commits += 1
-            self.report.quorum_ids.append(qid)
-            epoch = qid.split("/")[0]
-            if epoch not in self.epochs_seen:
-                self.epochs_seen.append(epoch)
-            elif self.epoch_of_last.get(replica, epoch) != epoch and self.epochs_seen.index(
-                epoch
-            ) < self.epochs_seen.index(self.epoch_of_last[replica]):
-                self.report.failures.append(
-                    f"replica {replica} went back to an old lighthouse epoch: {qid}"
-                )
-            self.epoch_of_last[replica] = epoch
-            key = (replica, inc)
-            if step <= self.last_step.get(key, -1):
-                self.report.failures.append(
-                    f"replica {replica} step went backwards: {step} after {self.last_step[key]}"
-                )
-            # One step, one quorum: two quorums committing the same step would be a
-            # split brain, and one of their histories would be lost at the next heal.
-            first = self.step_quorum.setdefault(step, qid)
-            if first != qid:
-                self.report.failures.append(
-                    f"step {step} committed in two quorums: {first} and {qid} (replica {replica})"
-                )
-            self.last_step[key] = step
-            for killed, at_kill in list(self.awaiting_survivor):
-                if replica != killed and at > at_kill:
-                    self.report.kill_to_survivor_commit_s.append(at - at_kill)
-                    self.awaiting_survivor.remove((killed, at_kill))
-            if replica in self.awaiting_restart:
-                self.report.restart_to_commit_s.append(at - self.awaiting_restart.pop(replica))
-                if replica in self.ready_at:
-                    self.report.ready_to_commit_s.append(at - self.ready_at.pop(replica))
-        elif kind == "fault":
-            _, replica, step, fault, at = event
-            if (replica, step) in self.fired:
-                return  # every rank of a group announces the same fault
-            self.fired.add((replica, step))
-            self.report.faults_fired.append((replica, step, fault))
-            self.out(f"[{at - self.start:7.2f}s] FAULT {fault} on replica {replica} at step {step}")
-            if fault == Fault.KILL_REPLICA.value:
-                self.pending_kill[replica] = at
-            elif fault == Fault.RESTART_LIGHTHOUSE.value:
-                self.restart_lighthouse()
-        elif kind == "ready":
-            rank.ready = True
-            if rank.incarnation > 0 and rank.group_rank == 0:
-                self.report.library_start_s.append(event[4])
-                self.ready_at[rank.replica] = event[5]
-            elif rank.incarnation == 0 and all(r.ready for r in self.ranks if r.incarnation == 0):
-                for store in self.stores.values():
-                    store.set(GO_KEY, "1")  # every first incarnation starts together
-        elif kind == "join":
-            if event[2] == 0:
-                self.report.join_quorum_s.append(event[4])
-                self.report.join_configure_s.append(event[5])
-                self.report.join_heal_s.append(event[6])
-        elif kind == "done":
-            _, replica, group_rank, _inc, step, checksum, _at = event
-            rank.done = True
-            if group_rank == 0:
-                self.report.final_steps[replica] = step
-                self.report.checksums[replica] = checksum
-        elif kind == "error":
-            self.report.failures.append(f"replica {event[1]} rank {event[2]} raised: {event[4]}")
+    def restart_group(self, replica: int) -> None:
+        self.kill_group(replica)  # the replica group is the failure domain
+        self.say(f"replica {replica} died; restarting it")
+        self.report.restarts += 1
+        self.awaiting_restart[replica] = time.time()
+        self.schedule.disrupt(self.schedule.max_step)
+        self.start_group(replica)
 
     def restart_lighthouse(self) -> None:
         self.lighthouse.shutdown()
         self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
         self.report.lighthouse_restarts += 1
-        self.out(f"[{self.t():7.2f}s] lighthouse restarted on the same address, epoch changes")
+        self.say("lighthouse restarted on the same address, epoch changes")
+
+    # -- fault groups ------------------------------------------------------------
+    def release_ready(self) -> None:
+        """Release the fault groups that may fire now; after the last, say where to stop."""
+        for message in self.schedule.due_messages():
+            self.send(message)
+            if self.c.verbose and isinstance(message, ev.Release):
+                self.say(f"faults planned at step {message.planned_step} released")
+
+    def send(self, message: ev.Release | ev.Finish) -> None:
+        for r in self.ranks:
+            if not r.done:
+                # One that is exiting cannot read it; its exit is handled on its own.
+                with contextlib.suppress(OSError):
+                    r.conn.send(message)
+
+    # -- events ------------------------------------------------------------------
+    def on_event(self, rank: _Rank, event: ev.Event) -> None:
+        if isinstance(event, ev.StepEnded):
+            self.on_step(event)
+        elif isinstance(event, ev.Contribution):
+            self.ledger.contribution(event)
+        elif isinstance(event, ev.FaultFired):
+            if not self.schedule.fire(event.replica, event.planned_step, event.step):
+                return  # every rank of a group announces the same fault
+            self.report.faults_fired.append((event.replica, event.planned_step, event.fault))
+            self.say(
+                f"FAULT {event.fault} on replica {event.replica} (planned at step {event.planned_step})"
+            )
+            if event.fault == Fault.RESTART_LIGHTHOUSE.value:
+                self.restart_lighthouse()
+        elif isinstance(event, ev.Dying):
+            rank.dying = event
+            self.ledger.death(event)
+            self.report.deaths.append((event.replica, event.group_rank, event.step, event.phase))
+            self.schedule.disrupt(event.step)
+            if not any(r.dying for r in self.ranks if r.replica == rank.replica and r is not rank):
+                self.report.kills += 1
+                self.awaiting_survivor.append((event.replica, event.at))
+            self.say(
+                f"replica {event.replica} rank {event.group_rank} dies in {event.phase} "
+                f"at step {event.step}"
+            )
+        elif isinstance(event, ev.Frozen):
+            others = self.schedule.max_step
+            rank.frozen = (time.time(), time.time() + self.freeze_s, event.step, others)
+            self.schedule.disrupt(event.step)
+            self.say(
+                f"replica {event.replica} rank {event.group_rank} froze (SIGSTOP) in {event.phase} "
+                f"at step {event.step}; SIGCONT in {self.freeze_s:.1f} s"
+            )
+        elif isinstance(event, ev.Ready):
+            rank.ready = True
+            if rank.incarnation > 0 and rank.group_rank == 0:
+                self.report.library_start_s.append(event.manager_s)
+                self.ready_at[rank.replica] = event.at
+            elif rank.incarnation == 0 and all(r.ready for r in self.ranks if r.incarnation == 0):
+                for store in self.stores.values():
+                    store.set(GO_KEY, "1")  # every first incarnation starts together
+        elif isinstance(event, ev.Joined):
+            if event.group_rank == 0:
+                self.report.join_quorum_s.append(event.quorum_s)
+                self.report.join_configure_s.append(event.configure_s)
+                self.report.join_heal_s.append(event.heal_s)
+        elif isinstance(event, ev.Done):
+            rank.done = True
+            self.finals[f"replica {event.replica} rank {event.group_rank}"] = event.state
+            if event.group_rank == 0:
+                self.report.final_steps[event.replica] = event.step
+                self.report.checksums[event.replica] = event.checksum
+        elif isinstance(event, ev.Error):
+            if any(r.dying for r in self.ranks if r.replica == rank.replica and r is not rank):
+                rank.orphaned = True
+                first = event.message.splitlines()[0]
+                self.report.orphan_errors.append((event.replica, event.group_rank, first))
+                self.say(f"replica {event.replica} rank {event.group_rank} gave up: {first}")
+                return
+            self.report.failures.append(
+                f"replica {event.replica} rank {event.group_rank} raised: {event.message}"
+            )
+
+    def on_step(self, event: ev.StepEnded) -> None:
+        self.ledger.step_ended(event)
+        if event.group_rank != 0:
+            return
+        down = self.group_down_by.get(event.replica)
+        if down is not None and event.step >= down[1]:
+            self.kill_group_rest(event.replica)  # its rank 0 has ended the step its peer died in
+        if self.c.verbose:
+            self.out(
+                f"[{event.at - self.start:7.2f}s] replica {event.replica} (inc {event.incarnation}) "
+                f"step {event.step:3d} {'committed' if event.committed else 'DISCARDED'} "
+                f"quorum {event.quorum} participants {event.participants} loss {event.loss:.4f}"
+            )
+        if not event.committed:
+            return
+        self.schedule.committed(event.replica, event.step, event.participants)
+        for killed, at_kill in list(self.awaiting_survivor):
+            if event.replica != killed and event.at > at_kill:
+                self.report.kill_to_survivor_commit_s.append(event.at - at_kill)
+                self.awaiting_survivor.remove((killed, at_kill))
+        if event.replica in self.awaiting_restart:
+            self.report.restart_to_commit_s.append(
+                event.at - self.awaiting_restart.pop(event.replica)
+            )
+            if event.replica in self.ready_at:
+                self.report.ready_to_commit_s.append(event.at - self.ready_at.pop(event.replica))
 
     def on_exit(self, rank: _Rank) -> None:
         if rank.done:
             return
-        replica = rank.replica
-        if replica in self.pending_kill:
-            at = self.pending_kill.pop(replica)
-            self.report.kills += 1
-            self.awaiting_survivor.append((replica, at))
-            self.kill_group(replica)  # the replica group is the failure domain
-            self.out(f"[{self.t():7.2f}s] replica {replica} died (SIGKILL); restarting it")
-            self.report.restarts += 1
-            self.awaiting_restart[replica] = time.time()
-            self.start_group(replica)
-        else:
+        rank.done = True
+        if rank.dying is None and not rank.orphaned:
             self.report.failures.append(
-                f"replica {replica} rank {rank.group_rank} exited unexpectedly (code {rank.proc.exitcode})"
+                f"replica {rank.replica} rank {rank.group_rank} exited unexpectedly "
+                f"(code {rank.proc.exitcode})"
             )
-            rank.done = True
+            return
+        group = [r for r in self.ranks if r.replica == rank.replica]
+        if all(r.done for r in group) or rank.group_rank == 0:
+            # Nothing left, or rank 0 (the group's manager server) is gone: restart now.
+            self.restart_group(rank.replica)
+        elif rank.replica not in self.group_down_by:
+            # A partial death: the group's other ranks are stopped (as torchrun would)
+            # once its rank 0 has ended this step, and in any case after 3 PG timeouts.
+            step = min(r.dying.step for r in group if r.dying is not None)
+            self.group_down_by[rank.replica] = (time.time() + 3 * self.c.timeout_s, step)
+
+    def kill_group_rest(self, replica: int) -> None:
+        self.say(f"replica {replica}: stopping the ranks that outlived their peer")
+        self.restart_group(replica)
+
+    def on_timers(self) -> None:
+        now = time.time()
+        for replica, (by, _) in list(self.group_down_by.items()):
+            if now >= by:
+                self.kill_group_rest(replica)
+        for r in self.ranks:
+            if r.frozen is not None and now >= r.frozen[1]:
+                at, _, step, others = r.frozen
+                r.frozen = None
+                if r.proc.is_alive() and r.proc.pid is not None:
+                    os.kill(r.proc.pid, signal.SIGCONT)
+                progress = self.schedule.max_step - others
+                self.report.freezes.append((r.replica, r.group_rank, step, now - at, progress))
+                self.schedule.disrupt(self.schedule.max_step)
+                self.say(
+                    f"replica {r.replica} rank {r.group_rank} resumed (SIGCONT) after "
+                    f"{now - at:.1f} s; the others committed {progress} steps meanwhile"
+                )
+
+    def next_timer(self) -> float:
+        times = [by for by, _ in self.group_down_by.values()]
+        times += [r.frozen[1] for r in self.ranks if r.frozen is not None]
+        return min(times, default=time.time() + 5.0)
+
+    def drain(self, r: _Rank) -> None:
+        while not r.conn.closed and r.conn.poll():
+            try:
+                event = r.conn.recv()
+            except (EOFError, OSError):
+                return
+            self.on_event(r, event)
 
     def loop(self) -> None:
         for replica in range(self.c.replicas):
             self.start_group(replica)
+        self.release_ready()
         deadline = self.start + self.c.deadline_s
         while any(not r.done for r in self.ranks):
             left = deadline - time.time()
@@ -314,27 +373,22 @@ class _Run:
                 )
                 return
             live = [r for r in self.ranks if not r.done]
-            ready = wait(
-                [r.conn for r in live] + [r.proc.sentinel for r in live], timeout=min(left, 5.0)
-            )
+            timeout = max(0.0, min(left, 5.0, self.next_timer() - time.time()))
+            ready = wait([r.conn for r in live] + [r.proc.sentinel for r in live], timeout=timeout)
             for r in live:
-                while r.conn in ready and r.conn.poll():
-                    try:
-                        self.on_event(r, r.conn.recv())
-                    except EOFError:
-                        break
+                if r.conn in ready:
+                    self.drain(r)
             for r in live:
-                if r.proc.sentinel in ready and not r.done:
-                    while r.conn.poll():  # drain what it sent before dying
-                        try:
-                            self.on_event(r, r.conn.recv())
-                        except EOFError:
-                            break
+                if r.proc.sentinel in ready and not r.done and r in self.ranks:
+                    self.drain(r)  # what it sent before dying
                     r.proc.join(timeout=5)
                     self.on_exit(r)
-            if self.report.failures:
+            self.on_timers()
+            self.release_ready()
+            if self.report.failures or self.ledger.failures:
                 return
 
+    # -- the end -----------------------------------------------------------------
     def finish(self) -> ChaosReport:
         grace = time.time() + (5.0 if not self.report.failures else 0.0)
         for r in self.ranks:
@@ -349,19 +403,51 @@ class _Run:
         self.stores.clear()
         rep = self.report
         rep.wall_s = self.t()
+        self.ledger.finish()
+        rep.failures.extend(self.ledger.failures)
+        rep.commits = self.ledger.commits
+        rep.quorum_ids = self.ledger.quorum_ids
         if not rep.failures:
-            if sorted(rep.final_steps) != list(range(self.c.replicas)):
-                rep.failures.append(f"not every replica finished: {rep.final_steps}")
-            elif (
-                len(set(rep.final_steps.values())) != 1
-                or min(rep.final_steps.values()) < self.c.steps
-            ):
-                rep.failures.append(
-                    f"replicas ended at different or short steps: {rep.final_steps}"
-                )
-            elif len(set(rep.checksums.values())) != 1:
-                rep.failures.append(f"replicas differ at the end: {rep.checksums}")
+            self.check_end()
         return rep
+
+    def check_end(self) -> None:
+        rep = self.report
+        unfired = self.schedule.unfired()
+        if sorted(rep.final_steps) != list(range(self.c.replicas)):
+            rep.failures.append(f"not every replica finished: {rep.final_steps}")
+        elif (
+            len(set(rep.final_steps.values())) != 1 or min(rep.final_steps.values()) < self.c.steps
+        ):
+            rep.failures.append(f"replicas ended at different or short steps: {rep.final_steps}")
+        elif len(set(rep.checksums.values())) != 1:
+            rep.failures.append(f"replicas differ at the end: {rep.checksums}")
+        elif unfired:
+            rep.failures.append(
+                "planned faults never fired (the run ended first: give it more steps): "
+                + ", ".join(
+                    f"{self.c.plan.faults[k].value} replica {k[0]} step {k[1]}" for k in unfired
+                )
+            )
+        if rep.failures or not self.c.oracle:
+            return
+        final_step = next(iter(rep.final_steps.values()))
+        for group_rank in range(self.c.group_world_size):
+            history, problems = self.ledger.history(final_step, group_rank)
+            if history is None:
+                rep.failures.extend(problems)
+                return
+            finals = {
+                f"replica {replica} rank {group_rank}": self.finals[
+                    f"replica {replica} rank {group_rank}"
+                ]
+                for replica in range(self.c.replicas)
+            }
+            verdict = oracle.check(history, finals)
+            rep.oracle_steps = verdict.steps_replayed
+            rep.oracle_max_error = max(rep.oracle_max_error, verdict.max_error)
+            rep.oracle_max_loss_error = max(rep.oracle_max_loss_error, verdict.max_loss_error)
+            rep.failures.extend(f"oracle: {f}" for f in verdict.failures)
 
 
 def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> ChaosReport:

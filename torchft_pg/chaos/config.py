@@ -1,0 +1,83 @@
+"""A chaos run's settings (`ChaosConfig`) and what it found (`ChaosReport`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from torchft_pg.chaos.plan import FaultPlan
+
+__all__ = ["ChaosConfig", "ChaosReport"]
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """A run: `replicas` groups of `group_world_size` ranks train at least `steps` steps,
+    and until every planned fault fired and the job recovered. Times in seconds."""
+
+    replicas: int = 3
+    steps: int = 20
+    plan: FaultPlan = field(default_factory=FaultPlan)
+    group_world_size: int = 1
+    pg_kind: str = "gloo"
+    transport: str = "http"  # or "pg"
+    min_replicas: int = 1
+    join_timeout_ms: int = 300
+    heartbeat_timeout_ms: int | None = None  # None: the lighthouse's default (5 s)
+    timeout_s: float = 5.0
+    quorum_timeout_s: float = 60.0
+    delay_s: float = 0.6  # > join timeout: a delayed replica misses a quorum
+    # FREEZE: SIGCONT after this. None: the heartbeat timeout plus the PG timeout plus 1 s,
+    # so the peers have dropped the frozen replica and their abandoned collective has
+    # timed out. (Resuming sooner hits a known bug: see tests/chaos/test_chaos.py.)
+    freeze_s: float | None = None
+    deadline_s: float = 300.0  # the whole run; past it everything is killed and the run fails
+    hidden: int = 64
+    seed: int = 0
+    step_time_s: float = 0.02  # simulated compute per step, so survivors do not race ahead
+    oracle: bool = True  # replay the committed history at the end and compare
+    verbose: bool = True
+    log_level: int = logging.WARNING  # the replicas' logging (INFO shows every quorum and heal)
+
+
+@dataclass
+class ChaosReport:
+    """What happened and whether the invariants held (`failures` empty)."""
+
+    final_steps: dict[int, int] = field(default_factory=dict)
+    checksums: dict[int, str] = field(default_factory=dict)
+    commits: int = 0
+    faults_fired: list[tuple[int, int, str]] = field(default_factory=list)
+    # every rank that killed itself as planned: (replica, group rank, step, phase)
+    deaths: list[tuple[int, int, int, str]] = field(default_factory=list)
+    # every freeze: (replica, group rank, step, seconds stopped, steps the others committed meanwhile)
+    freezes: list[tuple[int, int, int, float, int]] = field(default_factory=list)
+    # errors raised by the ranks that outlived a dead peer of their group, which
+    # cannot go on without it: (replica, group rank, the error's first line)
+    orphan_errors: list[tuple[int, int, str]] = field(default_factory=list)
+    kills: int = 0  # replica groups that died (one per incarnation)
+    restarts: int = 0
+    lighthouse_restarts: int = 0
+    kill_to_survivor_commit_s: list[float] = field(default_factory=list)
+    restart_to_commit_s: list[float] = field(default_factory=list)
+    library_start_s: list[float] = field(
+        default_factory=list
+    )  # restarted replica: Manager construction
+    # restarted replica: from Manager ready to its first commit (quorum, heal, one step)
+    ready_to_commit_s: list[float] = field(default_factory=list)
+    # ... of which: waiting for its quorum (the survivors finishing their step),
+    # reconfiguring the PG, healing (Manager.last_quorum_timings, summed to the first commit)
+    join_quorum_s: list[float] = field(default_factory=list)
+    join_configure_s: list[float] = field(default_factory=list)
+    join_heal_s: list[float] = field(default_factory=list)
+    quorum_ids: list[str] = field(default_factory=list)
+    oracle_steps: int = 0  # committed steps the oracle replayed (0: it did not run)
+    oracle_max_error: float = 0.0  # largest |replica - replay| over the final floats
+    # largest relative error of a reported loss or gradient norm against the replay's
+    oracle_max_loss_error: float = 0.0
+    failures: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures

@@ -1,0 +1,142 @@
+"""What a chaos trainer rank tells its supervisor, and what the supervisor tells it back.
+
+Every event names its rank (`replica`, `group_rank`, `incarnation`) and carries
+the wall-clock time `at` (seconds, `time.time()`) it was sent. Events cross a
+pipe between the supervisor and its own child processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchft_pg.chaos.workload import FlatState
+
+__all__ = [
+    "Contribution",
+    "Done",
+    "Dying",
+    "Error",
+    "Event",
+    "FaultFired",
+    "Finish",
+    "Frozen",
+    "Joined",
+    "Ready",
+    "Release",
+    "Started",
+    "StepEnded",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    replica: int
+    group_rank: int
+    incarnation: int
+    at: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started(Event):
+    pid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ready(Event):
+    """The Manager is constructed; `manager_s`: how long that took."""
+
+    manager_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultFired(Event):
+    planned_step: int
+    fault: str
+    step: int  # the rank's step when it fired
+
+
+@dataclass(frozen=True, kw_only=True)
+class Contribution(Event):
+    """Sent as the rank issues a step's allreduce, before its data leaves the process.
+
+    `participating`: it contributes its gradient (False: a healer or spare
+    sending zeros); `divisor`: the number of participants the sum is divided
+    by; `data_step`: the step its batch was drawn for; `loss`: its loss on it;
+    `sent_norm`: the L2 norm of what it sends (its gradient bucket; 0 for zeros).
+    """
+
+    quorum: str  # "epoch/quorum id"
+    step: int  # the step being voted on
+    participating: bool
+    divisor: int
+    data_step: int
+    loss: float
+    sent_norm: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEnded(Event):
+    """One step attempt: `step` is the step voted on. After a commit: `digest` of the
+    state, and `grad_norm`, the L2 norm of the averaged gradient the optimizer applied."""
+
+    step: int
+    committed: bool
+    quorum: str
+    participants: int
+    loss: float
+    digest: str | None
+    grad_norm: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dying(Event):
+    """The rank SIGKILLs itself now, in `phase` of step `step` (a planned fault)."""
+
+    phase: str
+    step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Frozen(Event):
+    """The rank SIGSTOPs itself now, in `phase` of step `step`; the supervisor resumes it."""
+
+    phase: str
+    step: int
+    pid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Joined(Event):
+    """A restarted rank's first commit, and where its time went (seconds)."""
+
+    quorum_s: float
+    configure_s: float
+    heal_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done(Event):
+    step: int
+    checksum: str
+    state: FlatState
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Event):
+    message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Release:
+    """Supervisor -> rank: the faults planned at `planned_step` may fire from `fire_at` on."""
+
+    planned_step: int
+    fire_at: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finish:
+    """Supervisor -> rank: every fault fired and the job recovered; stop at the first
+    commit at or past `at_step` (and the run's `steps`) that every replica took part in."""
+
+    at_step: int
