@@ -18,36 +18,25 @@ from torchft_pg.work import AbortableWork, AbortSignal
 
 __all__ = ["ProcessGroupGloo"]
 
-#: Gloo's TCP transport makes this many attempts to connect each pair, each
-#: waiting the whole timeout the group was built with when the peer's packets
-#: are silently dropped (a partition): such a peer cost 5x the timeout.
-_GLOO_CONNECT_ATTEMPTS = 5
-
 
 def create_gloo_group(
     store: Store, rank: int, world_size: int, timeout: timedelta, hostname: str | None = None
 ) -> BaseProcessGroup:
     """A c10d group whose CPU (and CUDA) ops run on one Gloo backend.
 
-    Blocks until every member has connected, or raises after about `timeout`
-    (Gloo is built with `timeout` / `_GLOO_CONNECT_ATTEMPTS` so that its
-    connection attempts together fit in `timeout`; its ops then get the whole
-    `timeout`). The members have met on the store before (`_meeting`), so
-    Gloo's own wait there for their addresses is short.
+    Blocks until every member has connected, or raises after `timeout`.
     `hostname`: the address Gloo binds and advertises to its peers; None
     leaves the choice to torch (the interfaces in ``GLOO_SOCKET_IFNAME``, else
     whatever this machine's hostname resolves to, which is often loopback).
     """
     pg = BaseProcessGroup(store, rank, world_size)
-    connect_timeout = timeout / _GLOO_CONNECT_ATTEMPTS
     if hostname:
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        options._timeout = connect_timeout
+        options._timeout = timeout
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
         backend = dist.ProcessGroupGloo(store, rank, world_size, options)
     else:
-        backend = dist.ProcessGroupGloo(store, rank, world_size, connect_timeout)
-    backend._set_default_timeout(timeout)  # every op's timeout, from here on
+        backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
     backend._set_sequence_number_for_group()
     pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.GLOO, backend)
     if torch.cuda.is_available():
