@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -188,8 +189,10 @@ class Job:
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.close()
+        if exc_type is None and not self.ledger.failures and not self.crashed:
+            shutil.rmtree(self.logdir, ignore_errors=True)  # kept only when something failed
 
     def _start(self) -> None:
         lh = self._spawn(
