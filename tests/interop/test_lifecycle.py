@@ -228,8 +228,9 @@ def test_a_dropped_baby_group_stops_its_children(store_addr: str) -> None:
     pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=30))
     pg.configure(f"{store_addr}/baby-drop", 0, 1)
     dist.all_reduce(torch.ones(2), group=pg)
-    children = [c.proc for c in (pg._child, pg._spare) if c is not None]
-    assert children
+    zygote = pg._children.zygote
+    children = [c.proc for c in (pg._child, zygote) if c is not None]
+    assert len(children) == 2  # the child, and the zygote that forks its replacements
     del pg
     gc.collect()
     for proc in children:

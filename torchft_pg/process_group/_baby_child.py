@@ -37,11 +37,11 @@ from typing import Any
 
 import torch
 
-import torchft_pg
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError, ProcessGroupTimeoutError
 from torchft_pg.process_group import _baby_messages as msgs
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group._baby_requests import PendingOp, PendingRequest
+from torchft_pg.process_group._baby_zygote import ForkedProcess, Zygote, child_env
 from torchft_pg.store import StoreAddress
 
 __all__ = ["ChildProcess"]
@@ -55,29 +55,42 @@ _KILL_WAIT_S = 10.0  # kill(): how long to wait for a SIGKILLed child to be reap
 
 
 class ChildProcess:
-    """One backend child: its process, socket, readers and requests in flight."""
+    """One backend child: its process, socket, readers and requests in flight.
 
-    def __init__(self, backend: str, device_index: int | None) -> None:
+    Forked by `zygote` when one is given and usable (milliseconds; it waits up
+    to `zygote_wait` for a zygote still starting), else started as a fresh
+    interpreter (an ``import torch``: seconds).
+    """
+
+    def __init__(
+        self,
+        backend: str,
+        device_index: int | None,
+        zygote: Zygote | None = None,
+        zygote_wait: timedelta = timedelta(seconds=120),
+    ) -> None:
         self.backend = backend
         self._sock, child_sock = msgs.socket_pair()
-        env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(torchft_pg.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_root, env.get("PYTHONPATH", "")) if p
-        )
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torchft_pg.process_group._baby_worker",
-                str(child_sock.fileno()),
-                backend,
-                "none" if device_index is None else str(device_index),
-            ],
-            pass_fds=(child_sock.fileno(),),
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        device = "none" if device_index is None else str(device_index)
+        proc: subprocess.Popen[bytes] | ForkedProcess | None = None
+        if zygote is not None and zygote.usable:
+            with contextlib.suppress(OSError):  # a broken zygote: start one ourselves
+                proc = zygote.spawn(child_sock, backend, device, zygote_wait)
+        if proc is None:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torchft_pg.process_group._baby_worker",
+                    str(child_sock.fileno()),
+                    backend,
+                    device,
+                ],
+                pass_fds=(child_sock.fileno(),),
+                env=child_env(),
+                stdin=subprocess.DEVNULL,
+            )
+        self.proc: subprocess.Popen[bytes] | ForkedProcess = proc
         child_sock.close()
         self.dead: Exception | None = None
         self._registry = proto.SharedStorageRegistry()
@@ -334,7 +347,7 @@ class ChildProcess:
     def _fail(self, why: str) -> None:
         """The channel is unusable: kill the child and fail everything in flight."""
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.send_signal(signal.SIGKILL)
         self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) killed: {why}"))
 
     def _die(self, error: Exception) -> None:
@@ -348,7 +361,7 @@ class ChildProcess:
         """SIGKILL the child: pending and future work fail at once, nothing hangs."""
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=_KILL_WAIT_S)
         self._die(ProcessGroupAbortedError(f"Baby PG child (pid {self.pid}) was killed (abort)"))
         self._close()

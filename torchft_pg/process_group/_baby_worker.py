@@ -7,7 +7,8 @@ sent by whichever thread completes it (a SOCK_SEQPACKET send is atomic, so
 no lock). The child exits when the parent's socket closes (the parent died
 or shut it down).
 
-Started as ``python -m torchft_pg.process_group._baby_worker FD BACKEND DEVICE``;
+Started as ``python -m torchft_pg.process_group._baby_worker FD BACKEND DEVICE``,
+or forked by a zygote (``... _baby_worker zygote FD``, see `_baby_zygote`);
 it imports only what a backend needs (torch, the process-group modules).
 """
 
@@ -181,5 +182,9 @@ def main(sock: socket.socket, backend: str, device_index: int | None) -> None:
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1] == "zygote":  # forks children instead (see _baby_zygote)
+        from torchft_pg.process_group._baby_zygote import zygote_main
+
+        zygote_main(int(sys.argv[2]))
     fd, backend_name, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     main(socket.socket(fileno=fd), backend_name, None if device == "none" else int(device))

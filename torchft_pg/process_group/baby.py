@@ -1,10 +1,11 @@
 """Baby process groups: the real backend runs in a child process.
 
-A hung or poisoned communicator cannot wedge the trainer: aborting means
-killing the child. Unlike torchft, which starts a fresh interpreter on every
-`configure` (seconds: `import torch` dominates), the child lives across
-reconfigurations (a configure is one message, a few ms) and a warm spare
-stands by, so replacing a killed child costs no start-up either.
+A hung or poisoned communicator cannot wedge the trainer: aborting an op in
+flight means killing the child. Unlike torchft, which starts a fresh
+interpreter on every `configure` (seconds: `import torch` dominates), the child
+lives across reconfigurations (a configure is one message, a few ms), and a
+zygote (`_baby_zygote`: an interpreter that imported torch once) forks a
+replacement for a killed child in milliseconds.
 
 CPU tensors of more than 64 KiB per op are moved to shared memory in place,
 once (DDP reuses its buckets, so this is paid on the first step); smaller ones
@@ -14,6 +15,7 @@ are copied through the socket. CUDA tensors travel as IPC handles.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -25,6 +27,7 @@ from torch.futures import Future
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.process_group._baby_child import ChildProcess
 from torchft_pg.process_group._baby_requests import PendingOp
+from torchft_pg.process_group._baby_zygote import Zygote, zygote_supported
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 
@@ -78,24 +81,27 @@ class _BabyWork(Work):
 
 
 class _Children:
-    """A Baby group's current child and warm spare, closable without the group itself."""
+    """A Baby group's current child and its zygote, closable without the group itself."""
 
     def __init__(self) -> None:
         self.child: ChildProcess | None = None
-        self.spare: ChildProcess | None = None
+        self.zygote: Zygote | None = None
 
     def close(self) -> None:
-        for child in (self.child, self.spare):
-            if child is not None:
-                child.close()
-        self.child = self.spare = None
+        if self.child is not None:
+            self.child.close()
+        if self.zygote is not None:
+            self.zygote.close()
+        self.child = self.zygote = None
 
 
 class ProcessGroupBaby(ProcessGroupWrapper):
     """A process group whose backend runs in a long-lived child process.
 
-    `timeout` bounds rendezvous and each op (s). `warm_spare` keeps a second
-    child started, so a replacement after `abort()` or a crash is immediate.
+    `timeout` bounds rendezvous and each op (s). `warm_spare` keeps a zygote: an
+    interpreter that imports torch once, from construction on, and forks the
+    child, and any replacement after `abort()` or a crash, in milliseconds.
+    Without it every child is a new interpreter (seconds).
     """
 
     BACKEND = "gloo"
@@ -108,9 +114,15 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         self._warm_spare = warm_spare
         self._device_index = torch.cuda.current_device() if self.BACKEND == "nccl" else None
         self._children = _Children()
+        self._children_lock = threading.Lock()  # configure and wait_started may both start one
         # A group dropped without shutdown() must not leave its children running.
         weakref.finalize(self, self._children.close)
-        self._child = self._start_child()  # starts importing torch now, in parallel with the caller
+        # Start importing torch now, in parallel with the caller: the zygote, which
+        # forks the first child once it is ready, or else the first child itself.
+        if warm_spare and zygote_supported():
+            self._children.zygote = Zygote()
+        else:
+            self._child = self._start_child(CHILD_START_TIMEOUT)
 
     @property
     def _child(self) -> ChildProcess | None:
@@ -120,41 +132,36 @@ class ProcessGroupBaby(ProcessGroupWrapper):
     def _child(self, child: ChildProcess | None) -> None:
         self._children.child = child
 
-    @property
-    def _spare(self) -> ChildProcess | None:
-        return self._children.spare
+    def _start_child(self, timeout: timedelta) -> ChildProcess:
+        """A new child: forked by the zygote if there is one (waiting up to `timeout` for
+        it to finish starting: it began before any new interpreter could), else a new
+        interpreter."""
+        return ChildProcess(self.BACKEND, self._device_index, self._children.zygote, timeout)
 
-    @_spare.setter
-    def _spare(self, child: ChildProcess | None) -> None:
-        self._children.spare = child
-
-    def _start_child(self) -> ChildProcess:
-        return ChildProcess(self.BACKEND, self._device_index)
-
-    def _live_child(self) -> ChildProcess:
-        """The current child if alive and idle, else the warm spare, else a new one."""
-        child = self._child
-        if child is not None and child.dead is None:
-            child.poll_completions()
-            if child.num_pending():  # ops of the previous group still run: only a kill stops them
-                child.kill()
-        if child is None or child.dead is not None or child.proc.poll() is not None:
-            if child is not None:
-                child.close()
-            child, self._spare = self._spare, None
+    def _live_child(self, timeout: timedelta = CHILD_START_TIMEOUT) -> ChildProcess:
+        """The current child if alive and idle, else a new one; once it serves."""
+        with self._children_lock:
+            child = self._child
+            if child is not None and child.dead is None:
+                child.poll_completions()
+                if (
+                    child.num_pending()
+                ):  # ops of the previous group still run: only a kill stops them
+                    child.kill()
             if child is None or child.dead is not None or child.proc.poll() is not None:
-                child = self._start_child()
-            self._child = child
-        child.wait_ready(CHILD_START_TIMEOUT)
-        if self._warm_spare and (self._spare is None or self._spare.proc.poll() is not None):
-            self._spare = self._start_child()
+                if child is not None:
+                    child.close()
+                child = self._child = self._start_child(timeout)
+            zygote = self._children.zygote
+            if self._warm_spare and zygote is not None and not zygote.usable:
+                zygote.close()  # it died: the next replacement gets a new one
+                self._children.zygote = Zygote()
+        child.wait_ready(timeout)
         return child
 
     def wait_started(self, timeout: timedelta) -> None:
-        """Block until the current child serves (it imports torch: seconds when cold)."""
-        child = self._child
-        if child is not None and child.dead is None:
-            child.wait_ready(timeout)
+        """Block until a child serves (with a zygote: forked once the zygote imported torch)."""
+        self._live_child(timeout)
 
     @property
     def child_pid(self) -> int | None:
@@ -185,8 +192,7 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         killed: nothing else stops a Gloo op (Gloo's abort leaves it running
         until its timeout), and a live op may still write into the caller's
         shared-memory tensors. An idle child is kept: the next `configure`
-        replaces its backend in one message instead of switching to the spare
-        and starting a new one (an interpreter importing torch: seconds of CPU)."""
+        replaces its backend in one message, cheaper than a new child."""
         if not isinstance(pg, ChildProcess):
             return
         pg.poll_completions()  # a failure the child already reported (a dead peer's socket)
