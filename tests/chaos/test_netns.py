@@ -142,6 +142,7 @@ def test_replica_partitioned_from_the_lighthouse_is_excluded_and_heals(net: Netw
         job.finish()
 
 
+@pytest.mark.slow  # 30-45 s each: the CI plan keeps one partition scenario
 @pytest.mark.xfail(
     strict=False,  # it needs a Gloo connect attempt still pending when the partition heals
     raises=ReplicaCrashed,
@@ -181,6 +182,7 @@ def test_partition_between_replicas_is_survived(net: Network) -> None:
         job.finish()
 
 
+@pytest.mark.slow  # 30-45 s each: the CI plan keeps one partition scenario
 @pytest.mark.xfail(
     strict=True,
     raises=TimeoutError,
@@ -281,6 +283,7 @@ def _line(p: subprocess.Popen[str], timeout_s: float = 60.0) -> str:
     return p.stdout.readline().strip()
 
 
+@pytest.mark.slow  # 30-45 s each: the CI plan keeps one partition scenario
 def test_short_training_run_over_slow_lossy_links(net: Network) -> None:
     """50 ms one-way delay and 1% loss on every link (`tc netem`, or the userspace
     link emulator where the kernel has no netem): the job keeps committing, and

@@ -229,6 +229,9 @@ def _train(
     manager.register_state_dict_fn("optim", optim.load_state_dict, optim.state_dict)
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optim)
+    # Ready only once the group can meet its peers (a Baby child serving), so every
+    # first incarnation is live at the lighthouse before the supervisor says go.
+    pg.wait_started(timedelta(seconds=120))
     events.put(Ready(**who, at=time.time(), manager_s=time.time() - manager_start))
     # The supervisor releases every first incarnation together, so no replica trains alone.
     TCPStore(
