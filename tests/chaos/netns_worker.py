@@ -19,7 +19,6 @@ past that step in which every replica took part). Logs go to stderr.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -32,7 +31,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["WorkerConfig", "main", "state_digest"]
+__all__ = ["WorkerConfig", "main"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,30 +65,6 @@ class WorkerConfig:
         return cls(**json.loads(text))
 
 
-def state_digest(*states: Any) -> str:
-    """sha256 over every tensor of the given state dicts, in key order (16 hex digits)."""
-    import torch
-
-    h = hashlib.sha256()
-
-    def feed(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            h.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(value, dict):
-            for k in sorted(value, key=str):
-                h.update(str(k).encode())
-                feed(value[k])
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                feed(v)
-        else:
-            h.update(repr(value).encode())
-
-    for s in states:
-        feed(s)
-    return h.hexdigest()[:16]
-
-
 _out_lock = threading.Lock()
 
 
@@ -110,6 +85,7 @@ def train(c: WorkerConfig) -> None:
     from torch.distributed import TCPStore
 
     from torchft_pg import DistributedDataParallel, Manager, OptimizerWrapper
+    from torchft_pg.chaos.workload import state_checksum  # the harness's own digest
     from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
     timeout = timedelta(seconds=c.timeout_s)
@@ -186,7 +162,9 @@ def train(c: WorkerConfig) -> None:
                 committed=committed,
                 quorum=f"{epoch}/{quorum_id}",
                 participants=manager.num_participants(),
-                digest=state_digest(model.state_dict(), optim.state_dict()) if committed else None,
+                digest=state_checksum(model.state_dict(), optim.state_dict())
+                if committed
+                else None,
                 error=str(errored.original_exception)[:300] if errored is not None else None,
             )
             if (
@@ -200,7 +178,7 @@ def train(c: WorkerConfig) -> None:
             "done",
             replica=c.replica,
             step=manager.current_step(),
-            checksum=state_digest(model.state_dict(), optim.state_dict()),
+            checksum=state_checksum(model.state_dict(), optim.state_dict()),
         )
     finally:
         manager.shutdown(wait=False)
