@@ -30,9 +30,11 @@ __all__ = [
     "ProxyFuture",
     "Watchdog",
     "context_timeout",
+    "future_for",
     "future_timeout",
     "future_wait",
     "stream_timeout",
+    "tensors_in",
     "watchdog",
 ]
 
@@ -102,12 +104,38 @@ def _run_callback(callback: Callable[[], None]) -> None:
 watchdog = Watchdog()
 
 
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in `value`: a tensor, or lists and tuples of them, nested."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from tensors_in(item)
+
+
+def future_for(value: Any) -> Future[Any]:
+    """A new Future that will carry `value`, CUDA-aware when `value` holds CUDA tensors.
+
+    A plain Future records no CUDA events: completed from a callback that ran
+    on one of torch's pooled streams (where a CUDA future runs its callbacks),
+    its consumer (DDP's reducer, on the default stream) could read a tensor
+    before the callback's kernels ran. With ``devices`` set, `set_result`
+    records an event on the current streams and `wait`/`value` make the
+    consumer's stream wait for it.
+    """
+    devices = sorted({t.device.index or 0 for t in tensors_in(value) if t.is_cuda})
+    if devices:
+        return Future(devices=[torch.device("cuda", i) for i in devices])
+    return Future()
+
+
 class ProxyFuture(Generic[T]):
     """A torch Future completed once, by the first of: source, timeout, abort.
 
     On an error, timeout or abort it yields `default` and calls `on_error`
     with the reason, so callers (DDP's reducer) never see an exception; the
-    step is rejected by the commit vote instead.
+    step is rejected by the commit vote instead. `transform` (run on the
+    source's value) is skipped once an abort or timeout won.
     """
 
     def __init__(
@@ -118,7 +146,7 @@ class ProxyFuture(Generic[T]):
         timeout: timedelta | None,
         transform: Callable[[Any], T] | None = None,
     ) -> None:
-        self.future: Future[T] = Future()
+        self.future: Future[T] = future_for(default)
         self._default = default
         self._on_error = on_error
         self._transform = transform

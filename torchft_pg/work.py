@@ -15,7 +15,7 @@ from torch._C._distributed_c10d import Work, _create_work_from_future  # type: i
 from torch.futures import Future
 
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
-from torchft_pg.futures import ProxyFuture
+from torchft_pg.futures import ProxyFuture, future_for
 
 __all__ = [
     "AbortSignal",
@@ -29,7 +29,7 @@ __all__ = [
 
 
 def completed_future(value: Any) -> Future[Any]:
-    fut: Future[Any] = Future()
+    fut: Future[Any] = future_for(value)
     fut.set_result(value)
     return fut
 
@@ -219,7 +219,7 @@ class AbortableWork(Work):
 
     def get_future(self) -> Future[Any]:
         inner = self._completion()
-        out: Future[Any] = Future()
+        out: Future[Any] = future_for(self._outputs)
         lock = threading.Lock()
         settled = [False]
 
@@ -269,7 +269,7 @@ class AbortableWork(Work):
 
 
 def _waited_future(work: Work, timeout: timedelta, outputs: Any) -> Future[Any]:
-    fut: Future[Any] = Future()
+    fut: Future[Any] = future_for(outputs)
 
     def run() -> None:
         try:

@@ -383,7 +383,7 @@ def _build_mesh(spec: MeshSpec) -> DeviceMesh:
             f"its {spec} needs torch.distributed initialized in this process; "
             "pass a state_dict template holding a DTensor there to receive into it"
         )
-    ranks = torch.tensor(spec.ranks, dtype=torch.int).reshape(spec.shape)
+    ranks = torch.tensor(spec.ranks, dtype=torch.int, device="cpu").reshape(spec.shape)
     if not spec.groups:  # no dimensions: no process group to find
         return DeviceMesh(spec.device_type, ranks)
     groups = [_group(name, d, spec) for d, name in enumerate(spec.groups)]

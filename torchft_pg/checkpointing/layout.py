@@ -128,7 +128,7 @@ def piece_digest(piece: torch.Tensor) -> int:
         if nb:  # one pass over the data: per-block sums, then tiny reductions
             grid = words[: nb * _BLOCK_WORDS].view(nb, _BLOCK_WORDS)
             if piece.device.type == "cpu":
-                blocks = torch.empty(nb, dtype=torch.int64)
+                blocks = torch.empty(nb, dtype=torch.int64, device="cpu")
                 for j in range(0, nb, _SERIAL_BLOCKS):  # each call below torch's parallel grain
                     torch.sum(grid[j : j + _SERIAL_BLOCKS], 1, out=blocks[j : j + _SERIAL_BLOCKS])
             else:

@@ -167,7 +167,8 @@ class _Wire:
     __slots__ = ("as_int", "dtype", "itemsize", "name", "np_dtype")
 
     def __init__(self, dtype: torch.dtype) -> None:
-        probe = torch.empty(0, dtype=dtype)
+        # On the host whatever torch's default device is (numpy reads host memory only).
+        probe = torch.empty(0, dtype=dtype, device="cpu")
         self.dtype = dtype
         self.name = _DTYPE_NAMES[dtype]
         self.as_int: torch.dtype | None = None
@@ -391,7 +392,9 @@ class ChildTensors:
                 raise RuntimeError(f"Baby PG child lost shared storage {key}")
             storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fds[fd_index]), size)  # type: ignore[attr-defined]
             self._storages[key] = storage
-        return torch.empty(0, dtype=_DTYPES[dtype_name]).set_(storage, offset, shape, stride)
+        return torch.empty(0, dtype=_DTYPES[dtype_name], device="cpu").set_(
+            storage, offset, shape, stride
+        )
 
 
 class _Decoding:
@@ -412,7 +415,7 @@ def _inline_tensor(spec: Any, state: _Decoding) -> torch.Tensor:
     wire = _wire(dtype_name)
     count = math.prod(shape)
     if count == 0:
-        return torch.empty(shape, dtype=wire.dtype)
+        return torch.empty(shape, dtype=wire.dtype, device="cpu")
     data = np.frombuffer(state.payload, dtype=wire.np_dtype, count=count, offset=state.offset)
     state.offset += count * wire.itemsize
     array = data.reshape(shape).copy()  # a copy: the receive buffer is reused

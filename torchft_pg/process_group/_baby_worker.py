@@ -28,6 +28,7 @@ from torchft_pg.errors import is_timeout
 from torchft_pg.process_group import _baby_messages as msgs
 from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group import _reaper
+from torchft_pg.process_group._staging import backend_op
 from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
 
 _RECV_ANYSOURCE = "recv_anysource"
@@ -73,7 +74,7 @@ class _Child:
         args, inline, uses_cuda = self._tensors.decode(message.args, payload, fds)
         if self._pg is None:
             raise RuntimeError("Baby PG child has no configured group")
-        work = getattr(self._pg, message.name)(*args)
+        work = backend_op(self._pg, message.name)(*args)
         reply = _Reply(self._sock, message.op_id, inline, work, message.name == _RECV_ANYSOURCE)
         if not uses_cuda:
             try:

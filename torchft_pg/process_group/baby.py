@@ -28,6 +28,7 @@ from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.process_group._baby_child import ChildProcess
 from torchft_pg.process_group._baby_requests import PendingOp
 from torchft_pg.process_group._baby_zygote import Zygote, zygote_supported
+from torchft_pg.process_group._staging import stage_on_device, stage_on_host, staged_work
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 
@@ -203,6 +204,14 @@ class ProcessGroupBaby(ProcessGroupWrapper):
             self._child = None
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        # CUDA tensors travel to a Gloo child as host copies in shared memory;
+        # host tensors reach an NCCL child as copies on this rank's GPU.
+        if self.BACKEND == "gloo":
+            staging = stage_on_host(op, outputs, args, native=frozenset())
+        else:
+            staging = stage_on_device(op, outputs, args)
+        if staging is not None:
+            return staged_work(self._run(op, staging.outputs, *staging.args), staging)
         child = self.parent
         if child.dead is not None:
             raise ProcessGroupAbortedError(f"{child.dead}; call configure() to start a new child")
@@ -232,6 +241,7 @@ class ProcessGroupBabyGloo(ProcessGroupBaby):
     """Gloo in a child process (CPU tensors)."""
 
     BACKEND = "gloo"
+    _ALLTOALL_THROUGH_ONE_BUFFER = True
 
 
 class ProcessGroupBabyNCCL(ProcessGroupBaby):

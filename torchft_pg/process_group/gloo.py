@@ -13,6 +13,7 @@ from torch._C._distributed_c10d import Work
 from torch.distributed import Store
 
 from torchft_pg.errors import ProcessGroupAbortedError
+from torchft_pg.process_group._staging import stage_on_host, staged_work
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.work import AbortableWork, AbortSignal
 
@@ -56,6 +57,7 @@ class ProcessGroupGloo(ProcessGroupWrapper):
     """
 
     C10D_BACKEND = "gloo"
+    _ALLTOALL_THROUGH_ONE_BUFFER = True
 
     def __init__(
         self, timeout: timedelta | float = DEFAULT_TIMEOUT, *, hostname: str | None = None
@@ -72,6 +74,9 @@ class ProcessGroupGloo(ProcessGroupWrapper):
         return create_gloo_group(store, rank, world_size, self._timeout, self._hostname)
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        staging = stage_on_host(op, outputs, args)
+        if staging is not None:  # CUDA tensors in an op Gloo runs on host memory only
+            return staged_work(self._run(op, staging.outputs, *staging.args), staging)
         # Gloo's own abort() leaves a thread in wait() asleep until the op times out.
         work = AbortableWork(
             super()._run(op, outputs, *args), self._abort_signal, self._timeout, outputs

@@ -12,10 +12,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import BarrierOptions, Work
 from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 from torch.distributed import Store
 
 from torchft_pg.errors import ProcessGroupAbortedError
+from torchft_pg.process_group._staging import stage_on_device, staged_work
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
 
 __all__ = ["ProcessGroupNCCL", "create_nccl_group"]
@@ -49,6 +51,20 @@ class ProcessGroupNCCL(ProcessGroupWrapper):
 
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         return create_nccl_group(store, rank, world_size, self._timeout)
+
+    def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        staging = stage_on_device(op, outputs, args)
+        if staging is not None:  # host tensors (object collectives): run on GPU copies
+            return staged_work(super()._run(op, staging.outputs, *staging.args), staging)
+        return super()._run(op, outputs, *args)
+
+    def barrier(self, opts: BarrierOptions | None = None) -> Work:
+        options = opts or BarrierOptions()
+        if not options.device_ids and (options.device is None or options.device.type == "cpu"):
+            # torch asks for a CPU barrier on a group it cannot place on a device;
+            # an NCCL group has no CPU backend, so it runs on this rank's GPU.
+            options.device = torch.device("cuda", torch.cuda.current_device())
+        return super().barrier(options)
 
     def _abort_backend(self, pg: Any) -> None:
         self._error = self._error or ProcessGroupAbortedError("NCCL process group aborted")

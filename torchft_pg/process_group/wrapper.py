@@ -40,6 +40,11 @@ from torchft_pg.errors import (
     is_timeout,
 )
 from torchft_pg.process_group import _checks, _meeting, _reaper
+from torchft_pg.process_group._staging import (
+    alltoall_through_one_buffer,
+    backend_op,
+    staged_work,
+)
 from torchft_pg.process_group.base import (
     ProcessGroup,
     parse_configure_args,
@@ -61,6 +66,9 @@ class ProcessGroupWrapper(ProcessGroup):
     without one, subclasses build a fresh backend in `_create_pg`.
     `timeout`: bound on rendezvous and every operation (default 60 s).
     """
+
+    # Run the list form of alltoall as one alltoall_base (Gloo lacks it on some builds).
+    _ALLTOALL_THROUGH_ONE_BUFFER = False
 
     def __init__(
         self, pg: ProcessGroup | None = None, timeout: timedelta | float = DEFAULT_TIMEOUT
@@ -154,7 +162,7 @@ class ProcessGroupWrapper(ProcessGroup):
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         """Run collective `op` on the inner group. `outputs` is what its future yields."""
-        return getattr(self.parent, op)(*args)
+        return backend_op(self.parent, op)(*args)
 
     # -- lifecycle ---------------------------------------------------------------
     @property
@@ -569,6 +577,12 @@ class ProcessGroupWrapper(ProcessGroup):
         world = self.size()
         _checks.tensor_list("alltoall", "output_tensors", output_tensors, world)
         _checks.tensor_list("alltoall", "input_tensors", input_tensors, world)
+        if self._ALLTOALL_THROUGH_ONE_BUFFER:
+            staging = alltoall_through_one_buffer(output_tensors, input_tensors)
+            options = opts or AllToAllOptions()
+            return staged_work(
+                self._run("alltoall_base", staging.outputs, *staging.args, options), staging
+            )
         return self._run(
             "alltoall", output_tensors, output_tensors, input_tensors, opts or AllToAllOptions()
         )
