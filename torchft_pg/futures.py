@@ -156,13 +156,22 @@ class ProxyFuture(Generic[T]):
         self._timeout = timeout
         source.add_done_callback(self._from_source)
 
-    def _settle(self, value: T | None, error: Exception | None) -> None:
+    def _claim(self) -> bool:
+        """Become the one completion; False if another (abort, timeout, source) won."""
         with self._lock:
             if self._done:
-                return
+                return False
             self._done = True
         if self._timer is not None:
             watchdog.cancel(self._timer)
+        return True
+
+    def _settle(self, value: T | None, error: Exception | None) -> None:
+        if not self._claim():
+            return
+        self._complete(value, error)
+
+    def _complete(self, value: T | None, error: Exception | None) -> None:
         if error is not None:
             self._on_error(error)
             self.future.set_result(self._default)
@@ -170,14 +179,19 @@ class ProxyFuture(Generic[T]):
             self.future.set_result(value)  # type: ignore[arg-type]
 
     def _from_source(self, source: Future[Any]) -> None:
+        # Claimed before `transform` runs: once an abort or the deadline has
+        # completed this future, the source's late result never reaches the
+        # caller's tensors (transform is what copies it there).
+        if not self._claim():
+            return
         try:
             value = source.value()
             if self._transform is not None:
                 value = self._transform(value)
         except Exception as e:
-            self._settle(None, e)
+            self._complete(None, e)
             return
-        self._settle(value, None)
+        self._complete(value, None)
 
     def _timed_out(self) -> None:
         from torchft_pg.errors import ProcessGroupTimeoutError

@@ -430,21 +430,25 @@ class Manager:
             raise ValueError(f"AVG allreduce needs a floating tensor, got dtype {tensor.dtype}")
         try:
             self.wait_quorum()
-            if not self.is_participating():
-                tensor.zero_()
+            # The backend reduces a private copy: an op a failure notice abandoned
+            # may still complete later in the retired backend, and must then write
+            # into nothing the caller reuses (DDP's buckets are reused every step).
+            # The result reaches `tensor` only through `finish`, which an abort skips.
+            private = tensor.clone() if self.is_participating() else torch.zeros_like(tensor)
             divisor = max(self.num_participants(), 1)
             op = ReduceOp(ReduceOp.SUM) if average else reduce_op
             if not isinstance(
                 op, ReduceOp
             ):  # a RedOpType (ReduceOp.MAX); c10d also passes ReduceOp
                 op = ReduceOp(op)
-            work = self._pg.allreduce([tensor], op)
+            work = self._pg.allreduce([private], op)
             source = work.get_future()
         except Exception as e:
             self.report_error(e)
             return completed_work(tensor)
 
         def finish(_: Any) -> torch.Tensor:
+            tensor.copy_(private)
             return tensor.div_(divisor) if average else tensor
 
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(

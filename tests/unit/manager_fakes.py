@@ -201,6 +201,7 @@ class SumGroup(ProcessGroupDummy):
         self.configure_threads: list[str] = []
         self.hold = False
         self.pending: list[Future[Any]] = []
+        self.held: list[list[torch.Tensor]] = []  # the tensors each held op writes
         self.aborted = 0
 
     def configure(
@@ -214,6 +215,7 @@ class SumGroup(ProcessGroupDummy):
         if self.hold:
             fut: Future[Any] = Future()
             self.pending.append(fut)
+            self.held.append(tensors)
             return HeldWork(fut)
         for t in tensors:
             t.mul_(self._world)

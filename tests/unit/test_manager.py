@@ -197,6 +197,42 @@ def test_failure_notice_aborts_inflight_collectives_at_once() -> None:
     manager.shutdown()
 
 
+def test_an_abandoned_allreduce_that_completes_later_writes_nothing_the_caller_sees() -> None:
+    # After a failure notice the backend's op may still run to the end in the
+    # retired backend (a frozen peer resumed): its result must land nowhere the
+    # caller reuses, such as DDP's bucket of a later step.
+    manager, client, _, pg = make([result(world=3)])
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True
+    t = torch.full((2,), 4.0)
+    work = manager.allreduce(t)
+    client.failure_callback(
+        FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), reason="frozen")
+    )
+    assert work.get_future().wait() is t
+    [written] = pg.held
+    assert written[0] is not t  # the backend reduces a copy
+    written[0].fill_(99.0)  # the abandoned op finishes now
+    pg.pending[0].set_result(written)
+    assert t.tolist() == [4.0, 4.0]
+    manager.shutdown()
+
+
+def test_a_completed_allreduce_reaches_the_callers_tensor_averaged() -> None:
+    manager, _, _, pg = make([result(world=2)])
+    manager.start_quorum()
+    pg.hold = True
+    t = torch.full((2,), 3.0)
+    work = manager.allreduce(t)
+    [written] = pg.held
+    written[0].fill_(10.0)  # the sum over both participants
+    pg.pending[0].set_result(written)
+    assert work.get_future().wait() is t
+    assert t.tolist() == [5.0, 5.0]
+    manager.shutdown()
+
+
 def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> None:
     manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=2, world=2)])
     manager.start_quorum()
