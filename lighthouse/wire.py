@@ -223,6 +223,20 @@ def encode_liveness_event(
     return ev.SerializeToString()
 
 
+def encode_liveness_ack(epoch: str, heartbeat_timeout_ms: int) -> bytes:
+    """The first event on a liveness stream: the epoch and the heartbeat timeout (ms)."""
+    return pb.LivenessEvent(
+        epoch=epoch, heartbeat_timeout_ms=heartbeat_timeout_ms
+    ).SerializeToString()
+
+
+def decode_liveness_ack(data: bytes) -> tuple[str, int]:
+    """(epoch, heartbeat timeout in ms; 0 from a lighthouse that does not send it)."""
+    ev = _parse(pb.LivenessEvent, data)
+    assert isinstance(ev, pb.LivenessEvent)
+    return ev.epoch, int(ev.heartbeat_timeout_ms)
+
+
 def decode_liveness_event(data: bytes) -> tuple[str, LivenessEventBody | None]:
     """(epoch, the failure notice, lease recall or lease floor it carries, or None for
     an acknowledgement)."""

@@ -145,6 +145,7 @@ class LighthouseServer:
             / 1000,
         )
         self._tick_s = quorum_tick_ms / 1000
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
         bind_host, _ = split_host_port(bind, "bind")
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
@@ -343,7 +344,7 @@ class LighthouseServer:
         # with an empty payload, so the writer needs no per-event asyncio.wait.
         reader.add_done_callback(lambda _: queue.put_nowait(b""))
         try:
-            await context.write(wire.encode_liveness_event(self.epoch))
+            await context.write(wire.encode_liveness_ack(self.epoch, self._heartbeat_timeout_ms))
             while True:
                 payload = await queue.get()
                 if not payload:  # the reader ended, or the core hung this stream up

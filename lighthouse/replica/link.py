@@ -36,6 +36,7 @@ from lighthouse.errors import (
     QuorumRejectedError,
     QuorumTimeoutError,
 )
+from lighthouse.replica.silence import Silences
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
 log = logging.getLogger("lighthouse.manager")
@@ -87,6 +88,10 @@ class LighthouseLink:
         # one generation is void under another (a recall may have been lost).
         self.generation = 0
         self.stream_open = False
+        # When pings went out (event-loop time), and after how long a silence the
+        # lighthouse declares a replica dead (s; None until it has said).
+        self.silences = Silences()
+        self.heartbeat_timeout_s: float | None = None
         self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
         self.committed_through = -1  # sent with the leaving ping (-1: unknown)
         self._ping_now: asyncio.Event | None = None  # set: ping at once (a new round)
@@ -218,11 +223,13 @@ class LighthouseLink:
             pinger: asyncio.Task[None] | None = None
             try:
                 await call.write(ping)
+                self.silences.pinged(loop.time())
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     raise ConnectionError("lighthouse closed the liveness stream")
                 assert isinstance(ack, bytes)
-                epoch, _ = wire.decode_liveness_event(ack)
+                epoch, timeout_ms = wire.decode_liveness_ack(ack)
+                self.heartbeat_timeout_s = timeout_ms / 1000 if timeout_ms else None
                 if epoch != self.lighthouse_epoch:
                     log.info(
                         "%s: liveness stream open to lighthouse epoch %s", self.replica_id, epoch
@@ -300,6 +307,7 @@ class LighthouseLink:
                 await call.write(
                     wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms)
                 )
+                self.silences.pinged(loop.time())
         finally:
             if timer is not None:
                 timer.cancel()

@@ -25,6 +25,7 @@ from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.replica.lease_holder import LeasedRound, LeaseHolder, leased_result
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.ranks import compute_quorum_result
+from lighthouse.replica.silence import silent_too_long
 from lighthouse.types import ManagerQuorumRequest, Quorum, QuorumMember, QuorumResult
 
 __all__ = ["Gather", "QuorumRounds", "Vote"]
@@ -78,6 +79,8 @@ class QuorumRounds:
         self._lease = lease
         self._gather = Gather()
         self._vote: Vote | None = None
+        # (loop time, stream generation, lighthouse epoch) when the latest round began.
+        self._round_mark: tuple[float, int | None, str] | None = None
         self._last_quorum_step = -1
         self.resolved_step = -1  # the latest step whose commit vote is decided
         self._metadata: dict[int, str] = {}
@@ -144,6 +147,7 @@ class QuorumRounds:
         eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
         generation = self._link.open_generation
         loop = asyncio.get_running_loop()
+        self._round_mark = (loop.time(), generation, self._link.lighthouse_epoch)
         if self._lease.must_wait(step, eligible, generation):
             g.task = loop.create_task(self._aligned_leased_round(g, fut, step, eligible))
             return
@@ -240,14 +244,47 @@ class QuorumRounds:
             self._vote = None
             self.resolved_step = max(self.resolved_step, step)
             no = sorted(r for r, ok in v.votes.items() if not ok)
-            if not no:  # told to the lighthouse when leaving: peers may finish below it
+            presumed_dead = None if no else self._presumed_dead()
+            if presumed_dead is not None:
+                log.warning("%s: step %d not committed: %s", self.replica_id, step, presumed_dead)
+            elif not no:  # told to the lighthouse when leaving: peers may finish below it
                 self._link.committed_through = max(self._link.committed_through, step + 1)
             if no:
                 log.info(
                     "%s: step %d not committed; group ranks %s voted no", self.replica_id, step, no
                 )
-            fut.set_result(not no)
+            fut.set_result(not no and presumed_dead is None)
         return v, fut
+
+    def _presumed_dead(self) -> str | None:
+        """Why the lighthouse may have declared this replica dead since the round began.
+
+        Then the survivors abandoned the step (they were told), and what this
+        replica's collectives returned may mix in their abandoned operations:
+        it must not commit. None when nothing suggests so.
+        """
+        if self._round_mark is None:
+            return None
+        start, generation, epoch = self._round_mark
+        link = self._link
+        silence = link.silences.longest_since(start, asyncio.get_running_loop().time())
+        if silent_too_long(silence, link.heartbeat_timeout_s):
+            return (
+                f"silent to the lighthouse for {silence:.2f} s during the step (it declares a "
+                f"replica dead after {link.heartbeat_timeout_s:g} s of silence)"
+            )
+        now_generation = link.open_generation
+        if (
+            generation is not None
+            and now_generation is not None
+            and now_generation != generation
+            and link.lighthouse_epoch == epoch
+        ):
+            return (
+                "the liveness stream to the lighthouse closed and reopened during the step "
+                "(the lighthouse declares a replica whose stream closes dead)"
+            )
+        return None
 
     def leave_vote(self, v: Vote, rank: int) -> None:
         """``rank`` gave up (deadline, cancelled) before the vote was decided."""

@@ -275,3 +275,27 @@ def test_subscription_reports_when_its_manager_server_goes_away() -> None:
         assert ended.wait(5)
         sub.cancel()
     assert "manager server" in str(errors[0]) or "broke" in str(errors[0])
+
+
+def test_a_step_during_which_the_replica_was_silent_half_the_heartbeat_timeout_is_not_committed() -> (
+    None
+):
+    # A frozen replica (here: its server's event loop blocked, so no ping goes
+    # out) may have been declared dead meanwhile, and its peers abandoned the
+    # step: it must vote no even though every local rank voted yes.
+    with lighthouse(heartbeat_timeout_ms=1000) as lh, managers(lh, 1, world_size=1) as (ms,):
+        c = ManagerClient(ms.address())
+        c.quorum(quorum_request(0, 1))
+        assert c.should_commit(0, 1, True, T) is True
+        c.quorum(quorum_request(0, 2))
+        unblocked = threading.Event()
+
+        def freeze() -> None:
+            time.sleep(0.7)  # >= half of 1 s, and well under it
+            unblocked.set()
+
+        ms.loop.call_soon_threadsafe(freeze)
+        assert unblocked.wait(5)
+        assert c.should_commit(0, 2, True, T) is False
+        c.quorum(quorum_request(0, 3))
+        assert c.should_commit(0, 3, True, T) is True  # the next step is not held against it
