@@ -192,6 +192,12 @@ class Manager:
         self._quorum_future: ThreadFuture[None] | None = None
 
         self._step = 0
+        # The counters a heal received, applied only when the step commits: in a
+        # multi-rank group one rank's heal may fail while another's succeeds, and
+        # every rank must still vote on the same step (the one it asked a quorum
+        # for); the group's vote is then no and nobody's step moves.
+        self._healed_counters: dict[str, int] | None = None
+        self._quorum_step = 0  # the step this rank sent with its last quorum request
         self._batches_committed = 0
         self._commit_failures = 0
         self._epoch = ""
@@ -248,6 +254,8 @@ class Manager:
         self._last_start = now
         self._errored = None
         self._healing = False
+        self._healed_counters = None
+        self._quorum_step = self._step
         self._notices.quorum_requested()
         timeout = timeout or self._quorum_timeout
         client = self._wait_connected()
@@ -390,11 +398,11 @@ class Manager:
             if result.heal:
                 self._healing = True
                 start = time.perf_counter()
-                self.load_state_dict(self._healer.receive(result))
+                self._healed_counters = self._checked_counters(self._healer.receive(result))
                 logger.info(
                     "%s healed to step %d from replica rank %s in %.3f s",
                     self._tag(),
-                    self._step,
+                    self.current_step(),
                     result.recover_src_replica_rank,
                     time.perf_counter() - start,
                 )
@@ -484,9 +492,12 @@ class Manager:
         )
         client = self._wait_connected()
         decision = client.should_commit(
-            self._group_rank, self._step, vote, timeout or self._timeout
+            self._group_rank, self._quorum_step, vote, timeout or self._timeout
         )
         self._healer.transport.disallow_checkpoint()
+        healed, self._healed_counters = self._healed_counters, None
+        if decision and healed is not None:
+            self._step, self._batches_committed = healed["step"], healed["batches_committed"]
         if decision:
             self._step += 1
             self._batches_committed += participants
@@ -537,7 +548,7 @@ class Manager:
             epoch=self._epoch,
             quorum_id=self._quorum_id,
             participants=self._participants,
-            step=self._step,
+            step=self.current_step(),
         )
 
     def _on_watch_error(self, e: Exception) -> None:
@@ -549,7 +560,8 @@ class Manager:
         return self._pg
 
     def current_step(self) -> int:
-        return self._step
+        healed = self._healed_counters
+        return self._step if healed is None else healed["step"]
 
     def batches_committed(self) -> int:
         return self._batches_committed
@@ -611,6 +623,12 @@ class Manager:
         [0, 2**63) (the wire's int64), so a bad checkpoint fails here rather
         than at the next quorum.
         """
+        counters = self._checked_counters(state_dict)
+        self._step = counters["step"]
+        self._batches_committed = counters["batches_committed"]
+
+    @staticmethod
+    def _checked_counters(state_dict: dict[str, int]) -> dict[str, int]:
         counters = {}
         for key in ("step", "batches_committed"):
             value = state_dict[key]
@@ -619,8 +637,7 @@ class Manager:
                     f"load_state_dict: {key} must be an int >= 0 and < 2**63, got {value!r}"
                 )
             counters[key] = value
-        self._step = counters["step"]
-        self._batches_committed = counters["batches_committed"]
+        return counters
 
     def last_quorum_timings(self) -> QuorumTimings | None:
         """Where the last finished `start_quorum` spent its time (None before one)."""

@@ -28,30 +28,10 @@ from torchft_pg.chaos import (
     run_chaos,
 )
 
-# An open library bug (see the strict xfails below): a collective failed by a failure
-# notice keeps running in the old Gloo backend and can write into the next step's DDP
-# bucket, so every replica alike applies a slightly wrong update that only the
-# oracle's replay sees. Until it is fixed, a run whose ONLY failures are oracle
-# replay mismatches is reported as this xfail; every other invariant still fails it.
-ORPHANED_OP_BUG = (
-    "open bug: an aborted Gloo collective keeps writing into a later step's bucket "
-    "(oracle-only mismatch; every other invariant held)"
-)
-
 
 def _check(report: ChaosReport) -> None:
-    if report.failures and all(f.startswith("oracle:") for f in report.failures):
-        pytest.xfail(f"{ORPHANED_OP_BUG}: {report.failures[0][:300]}")
     assert report.ok, "\n".join(report.failures)
     assert report.oracle_steps == min(report.final_steps.values())  # the oracle ran
-
-
-def _unless_known(report: ChaosReport, known: tuple[str, ...]) -> None:
-    """For an xfail test: a failure that is not the known bug's raises an error (which
-    fails the test) instead of an AssertionError (which the xfail would absorb)."""
-    other = [f for f in report.failures if not any(k in f for k in known)]
-    if other:
-        raise RuntimeError("\n".join(other))
 
 
 def test_short_plan_with_ten_kills_and_other_faults() -> None:
@@ -207,21 +187,14 @@ def test_a_partial_kill_stops_the_group_and_commits_nothing_without_the_dead_ran
     assert all(g == 0 and "commit vote" in e for _, g, e in report.orphan_errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "library bug: a replica frozen in its allreduce past the heartbeat timeout but "
-        "resumed before its peers' PG timeout completes the collective with the peers' "
-        "abandoned Gloo allreduce (a failure notice fails it only at the Manager; the "
-        "operation runs on in the retired backend). The zombie then commits the step "
-        "in the dead quorum, and the survivors' abandoned operation writes that stale "
-        "sum into their reused DDP bucket during a later step, so they diverge too. (A "
-        "lease recall that fails an in-flight step a straggler then completes does the "
-        "same, intermittently, on every replica alike: only the oracle sees it)"
-    ),
-)
 def test_a_zombie_resumed_before_the_collective_timeout_commits_nothing_stale() -> None:
+    """Frozen past the heartbeat timeout, resumed before the peers' collective timeout.
+
+    The survivors abandon the step on the failure notice; their abandoned Gloo
+    allreduce then completes with the zombie's data in the retired backend,
+    into a private buffer nobody reads. The zombie, silent that long during
+    the step, votes no instead of committing it in the dead quorum.
+    """
     plan = FaultPlan({(2, 5): Fault.FREEZE})
     report = run_chaos(
         ChaosConfig(
@@ -235,28 +208,17 @@ def test_a_zombie_resumed_before_the_collective_timeout_commits_nothing_stale() 
             verbose=False,
         )
     )
-    _unless_known(
-        report, ("committed in two quorums", "differs", "divided by", "applied a gradient")
-    )
     [(replica, _, step, _, others_committed)] = report.freezes
-    if (replica, step) != (2, 5) or others_committed <= 0:
-        raise RuntimeError(f"the freeze did not happen as planned: {report.freezes}")
+    assert (replica, step) == (2, 5) and others_committed > 0, report.freezes  # as planned
     _check(report)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "library bug: in a multi-rank replica group each group rank heals from its own "
-        "source (round robin by group rank); when one rank's heal fails (its source died "
-        "serving it) and another's succeeds, the healed rank's step jumps ahead (the heal "
-        "applies the source's step before the vote) and the group's next commit vote "
-        "raises QuorumRejectedError ('stale vote' / 'vote abandoned') out of should_commit "
-        "instead of voting no, killing the trainer"
-    ),
-)
 def test_a_multi_rank_group_whose_heal_fails_on_one_rank_votes_no() -> None:
+    """Each group rank heals from its own source; one source dies serving it.
+
+    Every rank votes on the step it asked a quorum for, the healed counters
+    apply only on a commit, so the group votes no and heals again next step.
+    """
     # Replica 1 falls behind; its group rank 0 heals from replica 0, which dies serving
     # it; its group rank 1 heals from replica 2 and succeeds.
     plan = FaultPlan({(1, 5): Fault.FAIL_ALLREDUCE, (0, 5): Fault.KILL_HEAL_SOURCE})
@@ -265,9 +227,8 @@ def test_a_multi_rank_group_whose_heal_fails_on_one_rank_votes_no() -> None:
             replicas=3, group_world_size=2, steps=15, plan=plan, deadline_s=120, verbose=False
         )
     )
-    _unless_known(report, ("QuorumRejectedError",))
-    if [(r, g, phase) for r, g, _, phase in report.deaths] != [(0, 0, "heal_send")]:
-        raise RuntimeError(f"the heal source did not die as planned: {report.deaths}")
+    deaths = [(r, g, phase) for r, g, _, phase in report.deaths]
+    assert deaths == [(0, 0, "heal_send")], report.deaths  # as planned
     _check(report)
 
 

@@ -114,6 +114,28 @@ def test_healing_replica_contributes_zeros_loads_state_and_jumps_to_max_step(
     manager.shutdown()
 
 
+def test_a_heal_the_group_does_not_commit_leaves_the_step_where_the_quorum_found_it() -> None:
+    # In a multi-rank group another rank's heal may fail: every rank votes on
+    # the step it asked a quorum for, and healed counters apply only on a commit.
+    payload = {
+        "user": {"default": {"w": torch.tensor([7.0])}},
+        "torchft": {"step": 20, "batches_committed": 40},
+    }
+    manager, client, _, _ = make(
+        [result(replica_rank=0, max_step=20, max_rank=None, max_world=1, heal=True, src=1)],
+        transport=FakeTransport(payload),
+        decisions=[False],
+    )
+    manager.register_state_dict_fn("default", lambda sd: None, lambda: {"w": torch.zeros(1)})
+    manager.start_quorum()
+    manager.wait_quorum()
+    assert manager.current_step() == 20  # what the step runs as, once healed
+    assert manager.should_commit() is False
+    assert client.votes == [(0, True)]  # for step 0, the step it asked a quorum for
+    assert manager.current_step() == 0 and manager.batches_committed() == 0
+    manager.shutdown()
+
+
 def test_a_healer_uses_the_metadata_the_quorum_carried_without_calling_the_source() -> None:
     def no_call(addr: str) -> Any:
         raise AssertionError(f"connected to {addr} although the quorum carried the metadata")
