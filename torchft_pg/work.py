@@ -162,11 +162,18 @@ class AbortSignal:
 class AbortableWork(Work):
     """A backend's Work whose `wait` and future fail at once when `signal` fires.
 
-    `outputs` is what the future yields; `timeout` bounds a `wait()` without
-    its own timeout, plus `BACKSTOP_GRACE_S`: the backend applies the same
-    timeout itself and its error (which names the cause) should win. Some Gloo works (send, recv, reduce_scatter) have no
+    `outputs` is what the future yields; `timeout` (the group's) bounds a
+    `wait()` without its own timeout, plus `BACKSTOP_GRACE_S`: the backend
+    applies the same timeout itself and its error (which names the cause)
+    should win. An explicit ``wait(timeout)`` is bounded by that timeout alone,
+    as a c10d Work's is. Some Gloo works (send, recv, reduce_scatter) have no
     future and only progress inside ``wait()``: a daemon thread waits for
     those, so the caller's wait stays abortable and they get a future too.
+    The first wait's explicit timeout is handed to that thread's backend
+    ``wait``, so Gloo fails the op at that timeout exactly as a plain Gloo
+    work would (and closes the pair to that peer, so a later op to it fails at
+    once instead of waiting out its own timeout: what torchft's transport
+    tests rely on).
     """
 
     BACKSTOP_GRACE_S = 2.0
@@ -184,36 +191,56 @@ class AbortableWork(Work):
     def _aborted(self) -> Exception:
         return ProcessGroupAbortedError(f"collective aborted: {self._signal.error}")
 
-    def _completion(self) -> Future[Any]:
-        """A future completed when the backend's work is (its own, else a waiter's)."""
+    def _completion(self, wait_timeout: timedelta | None = None) -> Future[Any]:
+        """A future completed when the backend's work is (its own, else a waiter's).
+
+        A waiter started here runs the backend's ``wait(wait_timeout)``, or with
+        the group's timeout when `wait_timeout` is None.
+        """
         if self._future is None:
             try:
                 self._future = self._work.get_future()
             except RuntimeError:  # "Work::getFuture not implemented"
-                self._future = _waited_future(self._work, self._timeout, self._outputs)
+                self._future = _waited_future(
+                    self._work, wait_timeout or self._timeout, self._outputs
+                )
         return self._future
 
     def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the op finished; raise its error, or on abort or timeout.
+
+        `timeout`: None (or zero, what c10d's C++ callers pass) waits up to the
+        group's timeout plus `BACKSTOP_GRACE_S`; any other value bounds this
+        wait alone and, for an op without a future whose waiter is not running
+        yet, is the timeout of the backend's own wait (see the class doc).
+        """
         work = self._work
         if self._future is None and work.is_completed():
             return bool(work.wait())
         if self._signal.error is not None:
             raise self._aborted()
-        limit_s = (timeout or self._timeout).total_seconds() + self.BACKSTOP_GRACE_S
+        explicit = timeout if timeout is not None and timeout > timedelta(0) else None
+        if explicit is not None:
+            limit_s = explicit.total_seconds()
+            bound = f"the {limit_s:.3f} s passed to wait()"
+        else:
+            limit_s = self._timeout.total_seconds() + self.BACKSTOP_GRACE_S
+            bound = f"the group's timeout {self._timeout} + {self.BACKSTOP_GRACE_S} s"
         done = threading.Event()
         if not self._signal.add(done.set):
             raise self._aborted()
         try:
-            future = self._completion()
+            future = self._completion(explicit)
             future.add_done_callback(lambda _: done.set())
-            finished = done.wait(limit_s)
+            done.wait(limit_s)
         finally:
             self._signal.discard(done.set)
         if not future.done():
             if self._signal.error is not None:
                 raise self._aborted()
-            if not finished:
-                raise ProcessGroupTimeoutError(f"collective did not finish within {limit_s} s")
+            raise ProcessGroupTimeoutError(
+                f"collective timed out: it did not finish within {bound}"
+            )
         future.value()  # raises the op's own error
         return True
 

@@ -162,6 +162,21 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         """
         last_sent(self._sent, step)
 
+    def _post(self, op: str, tensor: torch.Tensor, peer: int, tag: int, what: str) -> Any:
+        """Start ``pg.send`` or ``pg.recv`` (`op`) of `tensor` with `peer`; its Work.
+
+        A backend may refuse at once (Gloo does once its connection to `peer`
+        was closed by an earlier timeout): that is a `RecoveryError` naming
+        `what`, like a failure seen while waiting. A bad argument (ValueError,
+        TypeError: a rank outside the group) is the caller's bug and stays as is.
+        """
+        try:
+            return getattr(self._pg, op)([tensor], peer, tag)
+        except (ValueError, TypeError):
+            raise
+        except Exception as exc:
+            raise RecoveryError(f"{what} failed to start: {exc}") from exc
+
     def _wait(self, work: Any, deadline: Deadline, what: str) -> None:
         left = min(deadline.check(what), self._timeout.total_seconds())
         try:
@@ -191,14 +206,17 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         for dst in dst_ranks:
             where = f"sending step {step} to rank {dst}"
             start = Deadline(timeout)
-            self._wait(self._pg.send([header], dst, _TAG_HEADER), deadline, f"{where} (header)")
-            self._wait(self._pg.send([skel], dst, _TAG_SKELETON), deadline, f"{where} (metadata)")
+            what = f"{where} (header)"
+            self._wait(self._post("send", header, dst, _TAG_HEADER, what), deadline, what)
+            what = f"{where} (metadata)"
+            self._wait(self._post("send", skel, dst, _TAG_SKELETON, what), deadline, what)
             inflight: deque[tuple[int, Any, torch.Tensor]] = deque()
             for i, blob in enumerate(packed.blobs):
                 if blob.numel() == 0:
                     continue
                 b = blob if blob.device == dev else blob.to(dev)
-                inflight.append((i, self._pg.send([b], dst, _TAG_BLOB + i), b))
+                work = self._post("send", b, dst, _TAG_BLOB + i, f"{where} (blob {i})")
+                inflight.append((i, work, b))
                 if digests[i] is None:
                     digests[i] = blob_digest(b)  # overlaps with the sends in flight
                 while len(inflight) >= _WINDOW:
@@ -208,7 +226,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
                 j, work, _ = inflight.popleft()
                 self._wait(work, deadline, f"{where} (blob {j})")
             sums = torch.tensor([_signed(d or 0) for d in digests], dtype=torch.int64, device=dev)
-            self._wait(self._pg.send([sums], dst, _TAG_DIGESTS), deadline, f"{where} (checksums)")
+            what = f"{where} (checksums)"
+            self._wait(self._post("send", sums, dst, _TAG_DIGESTS, what), deadline, what)
             log_transfer(
                 "sent",
                 f"rank {dst}",
@@ -224,12 +243,17 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
     ) -> dict[int, int]:
         """Receive blobs `order`, `_WINDOW` in flight; checksum each while later ones arrive."""
         got: dict[int, int] = {}
-        works = {i: self._pg.recv([blobs[i]], src, _TAG_BLOB + i) for i in order[:_WINDOW]}
+        works = {
+            i: self._post("recv", blobs[i], src, _TAG_BLOB + i, f"{where} (blob {i})")
+            for i in order[:_WINDOW]
+        }
         for k, i in enumerate(order):
             self._wait(works.pop(i), deadline, f"{where} (blob {i})")
             if k + _WINDOW < len(order):
                 nxt = order[k + _WINDOW]
-                works[nxt] = self._pg.recv([blobs[nxt]], src, _TAG_BLOB + nxt)
+                works[nxt] = self._post(
+                    "recv", blobs[nxt], src, _TAG_BLOB + nxt, f"{where} (blob {nxt})"
+                )
             got[i] = blob_digest(blobs[i])
         return got
 
@@ -241,7 +265,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         dev = self._device
         where = f"receiving step {step} from rank {src_rank}"
         header = torch.zeros(5, dtype=torch.int64, device=dev)
-        self._wait(self._pg.recv([header], src_rank, _TAG_HEADER), deadline, f"{where} (header)")
+        what = f"{where} (header)"
+        self._wait(self._post("recv", header, src_rank, _TAG_HEADER, what), deadline, what)
         magic, version, sent_step, skel_len, nblobs = (int(x) for x in header.cpu().tolist())
         if magic != _MAGIC or version != _VERSION:
             raise RecoveryError(
@@ -256,7 +281,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
                 f"{where}: metadata size {skel_len} outside (0, {MAX_SKELETON_BYTES}]"
             )
         skel = torch.empty(skel_len, dtype=torch.uint8, device=dev)
-        self._wait(self._pg.recv([skel], src_rank, _TAG_SKELETON), deadline, f"{where} (metadata)")
+        what = f"{where} (metadata)"
+        self._wait(self._post("recv", skel, src_rank, _TAG_SKELETON, what), deadline, what)
         skeleton = decode_skeleton(byte_view(skel.cpu()).tobytes())
         if skeleton.step != step or len(skeleton.blob_sizes) != nblobs:
             raise RecoveryError(
@@ -267,7 +293,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         order = [i for i in range(nblobs) if blobs[i].numel() > 0]
         got = self._recv_blobs(src_rank, blobs, order, deadline, where)
         sums = torch.zeros(nblobs, dtype=torch.int64, device=dev)
-        self._wait(self._pg.recv([sums], src_rank, _TAG_DIGESTS), deadline, f"{where} (checksums)")
+        what = f"{where} (checksums)"
+        self._wait(self._post("recv", sums, src_rank, _TAG_DIGESTS, what), deadline, what)
         expected = [v & ((1 << 64) - 1) for v in sums.cpu().tolist()]
         bad = [i for i in order if got[i] != expected[i]]
         if bad:
