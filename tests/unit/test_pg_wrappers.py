@@ -12,7 +12,13 @@ import pytest
 import torch
 from torch._C._distributed_c10d import ReduceOp, Work
 
-from torchft_pg import ErrorSwallowingProcessGroupWrapper, ManagedProcessGroup, ProcessGroupDummy
+from torchft_pg import (
+    ErrorSwallowingProcessGroupWrapper,
+    ManagedProcessGroup,
+    ProcessGroupDummy,
+    ProcessGroupGloo,
+    ProcessGroupWrapper,
+)
 from torchft_pg.work import FailedWork, completed_work
 
 
@@ -140,3 +146,26 @@ def test_managed_group_routes_allreduce_through_manager_and_reports_errors() -> 
 def test_error_swallowing_needs_a_torchft_group() -> None:
     with pytest.raises(TypeError, match="torchft_pg ProcessGroup"):
         ErrorSwallowingProcessGroupWrapper(object())  # type: ignore[arg-type]
+
+
+def test_wrapper_around_a_dummy_configures_with_an_address_it_never_uses() -> None:
+    """torchft's test_process_group_wrapper: ``configure("addr", ...)`` on a wrapper of a
+    Dummy reaches the Dummy; no store address is parsed or dialled."""
+    pg = ProcessGroupDummy(0, 1)
+    wrapper = ProcessGroupWrapper(pg=pg)
+    assert wrapper.parent is pg
+    wrapper.configure("addr", "0", 0, 1)
+    assert pg.configure_count == 1
+    assert repr(wrapper) == "ProcessGroupWrapper(pg=ProcessGroupDummy())"
+    wrapper.configure("addr", 0, 1)  # our 3-argument form as well
+    assert pg.configure_count == 2
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 1\), got 3"):
+        wrapper.configure("addr", "0", 3, 1)  # rank and size are still checked
+    assert pg.configure_count == 2
+
+
+def test_wrapper_around_a_group_that_uses_the_address_still_refuses_a_bad_one() -> None:
+    inner = ProcessGroupGloo(timeout=5.0)
+    wrapper = ProcessGroupWrapper(pg=inner)
+    with pytest.raises(ValueError, match=r"store address must be .* got 'addr'"):
+        wrapper.configure("addr", "0", 0, 1)  # refused by the Gloo group, before any socket

@@ -185,9 +185,10 @@ class ProcessGroupWrapper(ProcessGroup):
         )
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
-        call = parse_configure_args(args, kwargs)
+        # Around a user's group, the address is that group's business: it checks
+        # what it uses, and a ProcessGroupDummy uses none (torchft's tests pass "addr").
+        call = parse_configure_args(args, kwargs, check_address=self._wrapped is None)
         address, rank, world_size = call.address, call.rank, call.world_size
-        assert address is not None  # parse_configure_args checked it
         self._error = None
         self._closed = None
         self._interrupted.clear()
@@ -195,6 +196,7 @@ class ProcessGroupWrapper(ProcessGroup):
             self._wrapped.configure(*args, **kwargs)
             self._pg = self._wrapped
             return
+        assert address is not None  # parse_configure_args checked it
         if self._pg is not None:
             holder, self._pg = [self._pg], None
             self._retire_backend(holder)
@@ -296,6 +298,8 @@ class ProcessGroupWrapper(ProcessGroup):
         raise NotImplementedError(f"{type(self).__name__} must implement getBackendName")
 
     def __repr__(self) -> str:
+        if self._wrapped is not None:  # torchft's form for a wrapper around a user's group
+            return f"{type(self).__name__}(pg={self._wrapped!r})"
         state = "configured" if self._pg is not None else "not configured"
         return f"{type(self).__name__}(rank={self.rank()}, size={self.size()}, {state})"
 
