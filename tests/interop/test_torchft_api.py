@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed import AllreduceOptions, HashStore, ReduceScatterOptions
 
 from tests.multiproc import RankContext, run_ranks, store_server
-from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+from torchft_pg import ProcessGroupAbortedError, ProcessGroupBabyGloo, ProcessGroupGloo
 from torchft_pg.process_group import ProcessGroup
 
 
@@ -116,3 +116,40 @@ def test_split_group_with_our_group_as_parent_fails_as_for_a_plain_group(
         pg.shutdown()
     finally:
         dist.destroy_process_group()
+
+
+def test_baby_op_after_shutdown_raises_oserror_handle_is_closed(store_addr: str) -> None:
+    """torchft's test_baby_gloo_apis ends with ``assertRaisesRegex(OSError, "handle is
+    closed")`` around an allreduce after shutdown(); ours raises at the call too,
+    and the error is also a ProcessGroupAbortedError that says how to recover."""
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=20), warm_spare=False)
+    try:
+        pg.configure(f"{store_addr}/baby-shut", "0", 0, 1)
+        t = torch.full((3,), 2.0)
+        pg.allreduce([t], AllreduceOptions()).wait()
+        assert t.tolist() == [2.0, 2.0, 2.0]
+        pg.shutdown()
+        assert pg.child_pid is None  # the child is gone, not merely idle
+        with pytest.raises(OSError, match="handle is closed") as err:
+            pg.allreduce([torch.zeros(10)], AllreduceOptions()).wait()
+        assert isinstance(err.value, ProcessGroupAbortedError)
+        assert "ProcessGroupBabyGloo was shut down" in str(err.value)
+        assert "call configure()" in str(err.value)
+        pg.configure(f"{store_addr}/baby-shut-2", "0", 0, 1)  # a new child: usable again
+        t = torch.full((3,), 5.0)
+        pg.allreduce([t], AllreduceOptions()).wait()
+        assert t.tolist() == [5.0, 5.0, 5.0]
+    finally:
+        pg.shutdown()
+
+
+def test_baby_op_after_abort_is_not_reported_as_shut_down(store_addr: str) -> None:
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=20), warm_spare=False)
+    try:
+        pg.configure(f"{store_addr}/baby-abort", 0, 1)
+        pg.abort()
+        with pytest.raises(ProcessGroupAbortedError, match="aborted") as err:
+            pg.allreduce([torch.zeros(2)], AllreduceOptions())
+        assert not isinstance(err.value, OSError)
+    finally:
+        pg.shutdown()

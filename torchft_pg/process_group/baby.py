@@ -32,11 +32,25 @@ from torchft_pg.process_group._staging import stage_on_device, stage_on_host, st
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 
-__all__ = ["ProcessGroupBaby", "ProcessGroupBabyGloo", "ProcessGroupBabyNCCL"]
+__all__ = [
+    "ProcessGroupBaby",
+    "ProcessGroupBabyGloo",
+    "ProcessGroupBabyNCCL",
+    "ProcessGroupShutdownError",
+]
 
 logger = logging.getLogger(__name__)
 
 CHILD_START_TIMEOUT = timedelta(seconds=120)  # a cold `import torch` can take tens of seconds
+
+
+class ProcessGroupShutdownError(ProcessGroupAbortedError, OSError):
+    """An op on a Baby group after `shutdown()`: its child is gone until `configure`.
+
+    Also an OSError, as torchft's Baby groups raise (``OSError: handle is
+    closed``, from the closed pipe to their child), so code written for either
+    catches it.
+    """
 
 
 class _BabyWork(Work):
@@ -230,8 +244,19 @@ class ProcessGroupBaby(ProcessGroupWrapper):
     def shutdown(self) -> None:
         if self._keep_alive_on_destroy:
             return
+        # Marks the group as shut down (not merely aborted) for `_not_ready`;
+        # `configure` clears it.
+        self._closed = ProcessGroupShutdownError("process group was shut down")
         super().shutdown()
         self._children.close()
+
+    def _not_ready(self) -> Exception:
+        if isinstance(self._closed, ProcessGroupShutdownError):
+            return ProcessGroupShutdownError(
+                f"{type(self).__name__} was shut down (its child's handle is closed); "
+                "call configure() to start a new child"
+            )
+        return super()._not_ready()
 
     def getBackendName(self) -> str:
         return f"torchft-baby-{self.BACKEND}"
