@@ -19,6 +19,7 @@ from torchft_pg import (
     ProcessGroupGloo,
     ProcessGroupWrapper,
 )
+from torchft_pg.process_group import FakeProcessGroupWrapper
 from torchft_pg.work import FailedWork, completed_work
 
 
@@ -169,3 +170,52 @@ def test_wrapper_around_a_group_that_uses_the_address_still_refuses_a_bad_one() 
     wrapper = ProcessGroupWrapper(pg=inner)
     with pytest.raises(ValueError, match=r"store address must be .* got 'addr'"):
         wrapper.configure("addr", "0", 0, 1)  # refused by the Gloo group, before any socket
+
+
+def test_fake_wrapper_fails_the_next_allreduce_only_after_running_it() -> None:
+    inner = FailingGroup()
+    pg = FakeProcessGroupWrapper(inner)
+    assert pg.parent is inner
+    injected = RuntimeError("injected allreduce error")
+    pg.report_future_error(injected)
+
+    pg.broadcast([torch.ones(1)]).wait()  # not an allreduce: untouched, error kept
+    t = torch.ones(2)
+    work = pg.allreduce([t])
+    with pytest.raises(RuntimeError, match="injected allreduce error") as err:
+        work.wait()
+    assert err.value is injected
+    assert t.tolist() == [2.0, 2.0] and inner.calls == 2  # the op itself ran
+    with pytest.raises(RuntimeError, match="injected allreduce error"):
+        work.get_future().wait()
+
+    t = torch.ones(2)
+    assert pg.allreduce([t]).get_future().wait() == [t]  # one shot: the next one succeeds
+    assert t.tolist() == [2.0, 2.0]
+
+
+def test_fake_wrapper_future_fails_and_configure_drops_a_pending_error() -> None:
+    inner = FailingGroup()
+    pg = FakeProcessGroupWrapper(inner)
+    pg.report_future_error(ValueError("first"))
+    pg.report_future_error(RuntimeError("second"))  # replaces the one not yet taken
+    with pytest.raises(RuntimeError, match="second"):
+        pg.allreduce([torch.ones(1)]).get_future().wait()
+
+    pg.report_future_error(RuntimeError("never used"))
+    pg.configure("h:1/next", "0", 0, 2)
+    assert inner.configure_count == 1
+    assert pg.allreduce([torch.ones(1)]).wait() is True
+
+
+def test_fake_wrapper_own_failure_wins_and_arguments_are_checked() -> None:
+    inner = FailingGroup()
+    pg = FakeProcessGroupWrapper(inner)
+    inner.fail_async = RuntimeError("peer died")
+    pg.report_future_error(RuntimeError("injected"))
+    with pytest.raises(RuntimeError, match="peer died"):
+        pg.allreduce([torch.ones(1)]).get_future().wait()
+    with pytest.raises(TypeError, match="needs an Exception, got 'oops'"):
+        pg.report_future_error("oops")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="torchft_pg ProcessGroup"):
+        FakeProcessGroupWrapper(object())  # type: ignore[arg-type]

@@ -19,12 +19,14 @@ from torchft_pg.process_group.nccl import ProcessGroupNCCL
 from torchft_pg.process_group.wrapper import ProcessGroupWrapper
 from torchft_pg.process_group.wrappers import (
     ErrorSwallowingProcessGroupWrapper,
+    FakeProcessGroupWrapper,
     ManagedProcessGroup,
 )
 from torchft_pg.store import create_store_client
 
 __all__ = [
     "ErrorSwallowingProcessGroupWrapper",
+    "FakeProcessGroupWrapper",
     "ManagedProcessGroup",
     "ProcessGroup",
     "ProcessGroupBaby",

@@ -1,11 +1,15 @@
-"""Wrappers that change what a failure does: swallow it, or hand it to the Manager.
+"""Wrappers that change what a failure does: swallow it, hand it to the Manager, or
+(for tests) make one up.
 
-Both override the single collective path `_run`, so every collective (not
-only allreduce, as in torchft) is protected.
+The first two override the single collective path `_run`, so every collective
+(not only allreduce, as in torchft) is protected. `FakeProcessGroupWrapper`
+injects a failure into the next allreduce only, as torchft's does.
 """
 
 from __future__ import annotations
 
+import threading
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -14,14 +18,19 @@ from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
     Work,
     _create_work_from_future,
 )
-from torch.futures import collect_all
+from torch.futures import Future, collect_all
 
 from torchft_pg.errors import NotConfiguredError
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.wrapper import ProcessGroupWrapper
 from torchft_pg.work import ErrorSwallowingWork, completed_work
 
-__all__ = ["ErrorSwallowingProcessGroupWrapper", "ManagedProcessGroup", "ManagerLike"]
+__all__ = [
+    "ErrorSwallowingProcessGroupWrapper",
+    "FakeProcessGroupWrapper",
+    "ManagedProcessGroup",
+    "ManagerLike",
+]
 
 
 class ErrorSwallowingProcessGroupWrapper(ProcessGroupWrapper):
@@ -58,6 +67,81 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroupWrapper):
             self.report_error(e)
             return completed_work(outputs)
         return ErrorSwallowingWork(work, self.report_error, outputs)
+
+
+class _InjectedFailureWork(Work):
+    """`work` runs to its end, then fails with `error` (unless it failed by itself).
+
+    The op really runs, so peers are not left waiting for this member; only
+    this member's view of the result is a failure.
+    """
+
+    def __init__(self, work: Work, error: Exception) -> None:
+        super().__init__()
+        self._work = work
+        self._error = error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is None:
+            self._work.wait()
+        else:
+            self._work.wait(timeout)
+        raise self._error
+
+    def get_future(self) -> Future[Any]:
+        error = self._error
+
+        def fail(fut: Future[Any]) -> Any:
+            fut.value()  # the op's own failure, if any, wins
+            raise error
+
+        return self._work.get_future().then(fail)
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def is_success(self) -> bool:
+        return False
+
+    def exception(self) -> Any:
+        return self._error
+
+
+class FakeProcessGroupWrapper(ProcessGroupWrapper):
+    """Wraps a group so a test can make its next allreduce fail (torchft's fault injector).
+
+    After `report_future_error(e)`, the next allreduce still runs on the inner
+    group (its peers see a normal collective), but the Work it returns fails
+    with `e`: ``wait()`` raises it and the future completes with it. Only that
+    one allreduce fails; `configure` drops an error no allreduce has taken yet.
+    """
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        if not isinstance(pg, ProcessGroup):
+            raise TypeError(f"pg must be a torchft_pg ProcessGroup, got {type(pg).__name__}")
+        super().__init__(pg=pg)
+        self._lock = threading.Lock()  # a test thread injects while a training thread runs ops
+        self._future_error: Exception | None = None
+
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        with self._lock:
+            self._future_error = None
+        super().configure(*args, **kwargs)
+
+    def report_future_error(self, e: Exception) -> None:
+        """Make the next allreduce's Work fail with `e` (replacing an error not yet taken)."""
+        if not isinstance(e, Exception):
+            raise TypeError(f"report_future_error needs an Exception, got {e!r}")
+        with self._lock:
+            self._future_error = e
+
+    def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        work = super()._run(op, outputs, *args)
+        if op != "allreduce":
+            return work
+        with self._lock:
+            error, self._future_error = self._future_error, None
+        return work if error is None else _InjectedFailureWork(work, error)
 
 
 class ManagerLike(Protocol):
