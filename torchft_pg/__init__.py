@@ -40,6 +40,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time `__getattr__` 
         ft_init_device_mesh,
     )
 
+    # Importable from the root, as from torchft's, but not in `__all__` (see _LAZY).
+    from torchft_pg.process_group import ProcessGroupBabyXCCL as ProcessGroupBabyXCCL
+    from torchft_pg.process_group import ProcessGroupXCCL as ProcessGroupXCCL
+
 __all__ = [
     "DistributedDataParallel",
     "ErrorSwallowingProcessGroupWrapper",
@@ -67,6 +71,9 @@ __all__ = [
 ]
 
 # Public name -> (module, attribute in it). Every name of `__all__` is here.
+# ProcessGroupXCCL and ProcessGroupBabyXCCL are here but not in `__all__`:
+# importable from the root, as from torchft's, while `__all__` keeps the list
+# pinned by tests/unit/test_pg_imports.py.
 _LAZY: dict[str, tuple[str, str]] = {
     "DistributedDataParallel": ("torchft_pg.ddp", "DistributedDataParallel"),
     "FaultToleranceError": ("torchft_pg.errors", "FaultToleranceError"),
@@ -87,10 +94,12 @@ _LAZY: dict[str, tuple[str, str]] = {
             "ProcessGroupBaby",
             "ProcessGroupBabyGloo",
             "ProcessGroupBabyNCCL",
+            "ProcessGroupBabyXCCL",
             "ProcessGroupDummy",
             "ProcessGroupGloo",
             "ProcessGroupNCCL",
             "ProcessGroupWrapper",
+            "ProcessGroupXCCL",
             "create_store_client",
             "extend_device_mesh",
             "ft_init_device_mesh",

@@ -11,6 +11,7 @@ from torchft_pg.process_group.baby import (
     ProcessGroupBaby,
     ProcessGroupBabyGloo,
     ProcessGroupBabyNCCL,
+    ProcessGroupBabyXCCL,
 )
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.dummy import ProcessGroupDummy
@@ -22,6 +23,7 @@ from torchft_pg.process_group.wrappers import (
     FakeProcessGroupWrapper,
     ManagedProcessGroup,
 )
+from torchft_pg.process_group.xccl import ProcessGroupXCCL
 from torchft_pg.store import create_store_client
 
 __all__ = [
@@ -32,10 +34,12 @@ __all__ = [
     "ProcessGroupBaby",
     "ProcessGroupBabyGloo",
     "ProcessGroupBabyNCCL",
+    "ProcessGroupBabyXCCL",
     "ProcessGroupDummy",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
     "ProcessGroupWrapper",
+    "ProcessGroupXCCL",
     "create_store_client",
     "extend_device_mesh",
     "ft_init_device_mesh",

@@ -24,18 +24,24 @@ import torch
 from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
-from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
+from torchft_pg.errors import (
+    ProcessGroupAbortedError,
+    ProcessGroupError,
+    ProcessGroupTimeoutError,
+)
 from torchft_pg.process_group._baby_child import ChildProcess
 from torchft_pg.process_group._baby_requests import PendingOp
 from torchft_pg.process_group._baby_zygote import Zygote, zygote_supported
 from torchft_pg.process_group._staging import stage_on_device, stage_on_host, staged_work
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.process_group.xccl import xccl_missing
 from torchft_pg.store import StoreAddress
 
 __all__ = [
     "ProcessGroupBaby",
     "ProcessGroupBabyGloo",
     "ProcessGroupBabyNCCL",
+    "ProcessGroupBabyXCCL",
     "ProcessGroupShutdownError",
 ]
 
@@ -134,10 +140,12 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         weakref.finalize(self, self._children.close)
         # Start importing torch now, in parallel with the caller: the zygote, which
         # forks the first child once it is ready, or else the first child itself.
-        if warm_spare and zygote_supported():
-            self._children.zygote = Zygote()
-        else:
-            self._child = self._start_child(CHILD_START_TIMEOUT)
+        # A group that cannot run here starts nothing; its configure says why.
+        if self._unavailable() is None:
+            if warm_spare and zygote_supported():
+                self._children.zygote = Zygote()
+            else:
+                self._child = self._start_child(CHILD_START_TIMEOUT)
 
     @property
     def _child(self) -> ChildProcess | None:
@@ -153,8 +161,20 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         interpreter."""
         return ChildProcess(self.BACKEND, self._device_index, self._children.zygote, timeout)
 
+    def _unavailable(self) -> str | None:
+        """Why this group cannot run in this process (a sentence naming the class and
+        what is missing), or None if it can. Default: it can."""
+        return None
+
     def _live_child(self, timeout: timedelta = CHILD_START_TIMEOUT) -> ChildProcess:
-        """The current child if alive and idle, else a new one; once it serves."""
+        """The current child if alive and idle, else a new one; once it serves.
+
+        Raises `ProcessGroupError` (before starting anything) if `_unavailable` says why
+        no child can serve this group.
+        """
+        why = self._unavailable()
+        if why is not None:
+            raise ProcessGroupError(why)
         with self._children_lock:
             child = self._child
             if child is not None and child.dead is None:
@@ -277,3 +297,26 @@ class ProcessGroupBabyNCCL(ProcessGroupBaby):
 
     BACKEND = "nccl"
     C10D_BACKEND = "nccl"
+
+
+class ProcessGroupBabyXCCL(ProcessGroupBaby):
+    """XCCL (Intel XPU) in a child process: torchft's class and constructor.
+
+    Not runnable yet: `configure` (and `wait_started`) raise `ProcessGroupError`
+    at once, naming what this process lacks (a torch with XCCL, an XPU device),
+    or, where both are present, that torchft_pg cannot yet hand XPU tensors to
+    its child (use `ProcessGroupXCCL` there). Construction starts no child.
+    """
+
+    BACKEND = "xccl"
+    C10D_BACKEND = "xccl"
+
+    def _unavailable(self) -> str | None:
+        name = type(self).__name__
+        missing = xccl_missing()
+        if missing is not None:
+            return f"{name} cannot configure: it needs XCCL and an Intel XPU, but {missing}"
+        return (
+            f"{name} cannot configure: torchft_pg cannot yet share XPU tensors with a "
+            "child process; use ProcessGroupXCCL, which runs XCCL in this process"
+        )
