@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import services, validate
+from lighthouse import auth, services, validate
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -88,13 +88,15 @@ def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
 
 
 def method_handlers(
-    service: str, handlers: Mapping[str, Callable[..., Any]]
+    service: str, handlers: Mapping[str, Callable[..., Any]], secret: str | None = None
 ) -> grpc.GenericRpcHandler:
     """Serve ``handlers`` (method name -> raw-bytes handler) as ``service``, each with
     the shape the method table (``lighthouse.services``) gives it.
 
     ``ValueError`` unless ``handlers`` names exactly the service's methods, so a
     server can neither miss an RPC nor serve one the proto does not declare.
+    With a job ``secret`` every method first refuses calls without it
+    (UNAUTHENTICATED; see ``lighthouse.auth``).
     """
     methods = {m.name: m for m in services.SERVICES[service]}
     if set(handlers) != set(methods):
@@ -102,7 +104,9 @@ def method_handlers(
             f"handlers for {service} must be exactly {sorted(methods)}, got {sorted(handlers)}"
         )
     table = {
-        name: getattr(grpc, f"{methods[name].shape}_rpc_method_handler")(fn)
+        name: getattr(grpc, f"{methods[name].shape}_rpc_method_handler")(
+            auth.guard(fn, secret, f"{service.rsplit('.', 1)[-1]}.{name}")
+        )
         for name, fn in handlers.items()
     }
     return grpc.method_handlers_generic_handler(service, table)
@@ -115,12 +119,13 @@ def bind_server(
     *,
     keepalive_ms: int,
     what: str,
+    secret: str | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An asyncio gRPC server serving ``service`` and bound to ``bind``, not yet
     started; returns it and the bound port. Call on the event loop that will run
     it. ``OSError`` naming ``what`` if the address cannot be bound."""
     server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
-    server.add_generic_rpc_handlers((method_handlers(service, handlers),))
+    server.add_generic_rpc_handlers((method_handlers(service, handlers, secret),))
     port: int = server.add_insecure_port(bind)
     if port == 0:
         raise OSError(f"could not bind {what} to {bind!r}")

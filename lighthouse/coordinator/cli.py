@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_QUARANTINE_BASE_MS,
         help="first quarantine's length in milliseconds, doubled per repeat (at most 600 s)",
     )
+    p.add_argument(
+        "--job-secret-file",
+        default=None,
+        help="file holding the job secret (at least 16 characters) every call must present; "
+        "default: $TORCHFT_JOB_SECRET, else the file in $TORCHFT_JOB_SECRET_FILE, else no "
+        "check (never pass the secret itself on the command line: ps shows it)",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -117,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        secret = None
+        if args.job_secret_file:
+            with open(args.job_secret_file, encoding="utf-8") as f:
+                secret = f.read().strip()
         server = LighthouseServer(
             bind=args.bind,
             min_replicas=args.min_replicas,
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
             allow_step_reset=args.allow_step_reset,
             quarantine_after_failures=args.quarantine_after_failures,
             quarantine_base_ms=args.quarantine_base_ms,
+            job_secret=secret,
         )
     except (ValueError, OSError) as exc:
         print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)
@@ -139,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(
         f"lighthouse listening on {server.address()} (epoch {server.epoch})"
-        f" status {server.http_address() or 'disabled'}",
+        f" status {server.http_address() or 'disabled'}"
+        f" job secret {'required' if server.requires_job_secret else 'not set: calls unchecked'}",
         flush=True,
     )
     while not stop.wait(timeout=1.0):

@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import services, validate, wire
+from lighthouse import auth, services, validate, wire
 from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
@@ -95,6 +95,9 @@ class LighthouseServer:
             which its members that never committed a step (while others have)
             are left out of quorums for a while (e.g. one that can never
             configure); 0 disables it.
+        job_secret: the job's secret (default: ``$TORCHFT_JOB_SECRET`` or the file
+            ``$TORCHFT_JOB_SECRET_FILE``; see ``lighthouse.auth``); when set, every
+            call without it is refused with UNAUTHENTICATED and changes nothing.
         quarantine_base_ms: the first quarantine's length in milliseconds
             (doubled per repeat, at most 600 s); None = 30_000.
 
@@ -118,6 +121,8 @@ class LighthouseServer:
         allow_step_reset: bool = False,
         quarantine_after_failures: int = DEFAULT_QUARANTINE_AFTER_FAILURES,
         quarantine_base_ms: int | None = None,
+        *,
+        job_secret: str | None = None,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
@@ -146,6 +151,7 @@ class LighthouseServer:
         )
         self._tick_s = quorum_tick_ms / 1000
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._job_secret = auth.resolve_job_secret(job_secret)
         bind_host, _ = split_host_port(bind, "bind")
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
@@ -192,6 +198,7 @@ class LighthouseServer:
             bind,
             keepalive_ms=keepalive_ms,
             what="the lighthouse",
+            secret=self._job_secret,
         )
         await server.start()
         self._server = server
@@ -232,6 +239,11 @@ class LighthouseServer:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    @property
+    def requires_job_secret(self) -> bool:
+        """Whether calls must present the job secret (see ``lighthouse.auth``)."""
+        return self._job_secret is not None
 
     def address(self) -> str:
         """``http://host:port`` (``http://[v6]:port``) for clients, as torchft's

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import services, validate, wire
+from lighthouse import auth, services, validate, wire
 from lighthouse._calls import call_with_retries
 from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.errors import ManagerUnavailableError
@@ -92,12 +92,22 @@ class ManagerClient:
     Implements ``ManagerClientProtocol``.
 
     ``connect_timeout``: how long an unreachable manager server is retried per call.
+    ``job_secret``: the job's secret (default: from the environment, see
+    ``lighthouse.auth``), sent with every call.
     """
 
-    def __init__(self, addr: str, connect_timeout: timedelta = timedelta(seconds=10)) -> None:
+    def __init__(
+        self,
+        addr: str,
+        connect_timeout: timedelta = timedelta(seconds=10),
+        *,
+        job_secret: str | None = None,
+    ) -> None:
         self._addr = normalize_address(addr)
         self._connect_s = validate.timeout_seconds("connect_timeout", connect_timeout)
-        self._channel = grpc.insecure_channel(self._addr, options=CHANNEL_OPTIONS)
+        self._channel = auth.sync_channel(
+            self._addr, CHANNEL_OPTIONS, auth.resolve_job_secret(job_secret)
+        )
         self._quorum = stub(self._channel, services.MANAGER_QUORUM)
         self._metadata = stub(self._channel, services.MANAGER_CHECKPOINT_METADATA)
         self._commit = stub(self._channel, services.MANAGER_SHOULD_COMMIT)

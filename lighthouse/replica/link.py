@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from lighthouse import services, wire
+from lighthouse import auth, services, wire
 from lighthouse._net import CHANNEL_OPTIONS, stub
 from lighthouse.errors import (
     FaultToleranceError,
@@ -75,8 +75,11 @@ class LighthouseLink:
         retries: int,
         on_notice: Callable[[FailureNotice | LeaseRecall | LeaseFloor], None],
         on_stream: Callable[[bool], None] | None = None,
+        job_secret: str | None = None,
     ) -> None:
         self.replica_id = replica_id
+        # The job secret, sent with both streams' calls (see lighthouse.auth).
+        self._call_metadata = auth.call_metadata(job_secret)
         self._lh_addr = addr
         self._hb_s = heartbeat_s
         self._connect_s = connect_s
@@ -218,7 +221,7 @@ class LighthouseLink:
         delay = 0.0
         ping = wire.encode_liveness_ping(self.replica_id)
         while not self._leaving:
-            call = self._lh_liveness()
+            call = self._lh_liveness(metadata=self._call_metadata)
             self._live_call = call
             pinger: asyncio.Task[None] | None = None
             try:
@@ -386,7 +389,7 @@ class LighthouseLink:
         """
         async with self._qlock:
             if self._qcall is None:
-                self._qcall = self._lh_quorum_stream()
+                self._qcall = self._lh_quorum_stream(metadata=self._call_metadata)
                 self._qcall_channel = self._channel
             call = self._qcall
             try:

@@ -186,7 +186,9 @@ class LocalManagerClient:
     def kill(self, msg: str, timeout: timedelta = timedelta(seconds=5)) -> None:
         """Make the process hosting the manager server (this one) exit with status 1."""
         if self._remote is None:
-            self._remote = ManagerClient(self._addr, self._connect_timeout)
+            self._remote = ManagerClient(
+                self._addr, self._connect_timeout, job_secret=self._server.job_secret
+            )
         self._remote.kill(msg, timeout)
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import services, validate, wire
+from lighthouse import auth, services, validate, wire
 from lighthouse._loop import background_loop, run_sync
 from lighthouse._net import (
     advertised_host,
@@ -72,6 +72,11 @@ class ManagerServer:
         quorum_retries: extra attempts of a failed lighthouse quorum call
             (other than "unreachable", which is retried for ``connect_timeout``).
         on_kill: called with the message on ``Kill``; default exits the process.
+        allow_kill: whether ``Kill`` is served at all (default no: it is
+            refused with PERMISSION_DENIED); giving ``on_kill`` allows it.
+        job_secret: the job's secret (default: from the environment, see
+            ``lighthouse.auth``): calls without it are refused with
+            UNAUTHENTICATED, and the link to the lighthouse presents it.
     """
 
     def __init__(
@@ -86,6 +91,9 @@ class ManagerServer:
         connect_timeout: timedelta = timedelta(seconds=10),
         quorum_retries: int = 0,
         on_kill: Callable[[str], None] | None = None,
+        *,
+        allow_kill: bool = False,
+        job_secret: str | None = None,
     ) -> None:
         validate.check_replica_id(replica_id)
         if world_size < 1:
@@ -102,7 +110,9 @@ class ManagerServer:
                 f"heartbeat_interval and connect_timeout must be positive, got "
                 f"{heartbeat_interval} and {connect_timeout}"
             )
+        self._allow_kill = allow_kill or on_kill is not None
         self._on_kill = on_kill or _exit_process
+        self._job_secret = auth.resolve_job_secret(job_secret)
         bind_host, _ = split_host_port(bind, "bind")
         self._host = advertised_host(bind_host, hostname)
         self._lease = LeaseHolder()
@@ -117,6 +127,7 @@ class ManagerServer:
             quorum_retries,
             self._on_event,
             self._on_stream,
+            job_secret=self._job_secret,
         )
         self._rounds = QuorumRounds(
             replica_id=replica_id,
@@ -147,6 +158,7 @@ class ManagerServer:
             bind,
             keepalive_ms=5000,
             what="the manager server",
+            secret=self._job_secret,
         )
         self._server = server
         results = await asyncio.gather(self._link.connect(), server.start(), return_exceptions=True)
@@ -167,6 +179,11 @@ class ManagerServer:
         """The quorum rounds and commit votes, for the in-process client
         (``lighthouse.replica.local``); use them on ``loop`` only."""
         return self._rounds
+
+    @property
+    def job_secret(self) -> str | None:
+        """The secret this server requires of its callers (None: no check)."""
+        return self._job_secret
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -353,6 +370,12 @@ class ManagerServer:
             msg = wire.decode_kill_request(request)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Kill: {exc}")
+        if not self._allow_kill:
+            log.warning("%s: refused a Kill (not enabled): %s", self.replica_id, msg)
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "Kill: not enabled on this manager server (ManagerServer(allow_kill=True))",
+            )
         log.warning("%s: Kill received: %s", self.replica_id, msg)
         asyncio.get_running_loop().call_later(0.05, self._on_kill, msg)
         return wire.encode_kill_response()

@@ -31,6 +31,7 @@ from email.message import Message
 
 import torch
 
+from lighthouse import auth
 from torchft_pg.checkpointing.http_server import NOT_SERVED_HEADER, SERVED_STEP_HEADER
 from torchft_pg.checkpointing.layout import (
     Digest,
@@ -86,10 +87,19 @@ class ChunkFetcher:
     """
 
     def __init__(
-        self, host: str, port: int, prefix: str, step: int, deadline: Deadline, peer: str
+        self,
+        host: str,
+        port: int,
+        prefix: str,
+        step: int,
+        deadline: Deadline,
+        peer: str,
+        job_secret: str | None = None,
     ) -> None:
         self.host, self.port, self.prefix, self.step = host, port, prefix, step
         self.deadline, self.peer = deadline, peer
+        # Sent with every request when the job has a secret (see lighthouse.auth).
+        self.headers = {} if job_secret is None else {auth.HTTP_HEADER: job_secret}
         self.cancel = threading.Event()
 
     def _time_left(self) -> float:
@@ -121,7 +131,7 @@ class ChunkFetcher:
             target = f"{self.prefix}{self.step}/{path}{sep}wait_ms={wait_ms}"
             conn = http.client.HTTPConnection(self.host, self.port, timeout=left + _GRACE_S)
             try:
-                conn.request("GET", target)
+                conn.request("GET", target, headers=self.headers)
                 sock = (
                     conn.sock
                 )  # getresponse() drops it from conn for HTTP/1.0; the response keeps it

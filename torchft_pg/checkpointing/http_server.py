@@ -36,6 +36,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from lighthouse import auth
 from torchft_pg.checkpointing.gate import (
     GateClosedError,
     NotAllowedError,
@@ -83,8 +84,15 @@ class CheckpointServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128
 
-    def __init__(self, addr: tuple[str, int], gate: ServingGate[Packed], timeout_s: float) -> None:
+    def __init__(
+        self,
+        addr: tuple[str, int],
+        gate: ServingGate[Packed],
+        timeout_s: float,
+        job_secret: str | None = None,
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
+        self.job_secret = job_secret  # every request must present it (None: unchecked)
         self.gate = gate
         self.timeout_s = timeout_s
         self.streaming: dict[socket.socket, Packed] = {}
@@ -165,6 +173,15 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         server = self.server
+        secret = server.job_secret
+        if secret is not None and not auth.header_presents(
+            self.headers.get(auth.HTTP_HEADER), secret
+        ):
+            logger.warning(
+                "checkpoint request from %s without the job secret", self.address_string()
+            )
+            self._error(401, f"this job's checkpoints require its job secret ({auth.SECRET_ENV})")
+            return
         try:
             step, kind, i, n, query = parse_path(self.path)
             wait_s = min(server.timeout_s, max(0.0, int(query.get("wait_ms", "0")) / 1000))

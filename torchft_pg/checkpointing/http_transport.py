@@ -58,6 +58,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from lighthouse import auth
 from torchft_pg.checkpointing.gate import ServingGate
 from torchft_pg.checkpointing.http_fetch import CheckpointTimeoutError, ChunkFetcher
 from torchft_pg.checkpointing.http_server import MAX_CHUNKS, CheckpointServer
@@ -119,13 +120,17 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         num_chunks: receive in this many parallel chunks/connections; 0 means one
             streamed request. At most `MAX_CHUNKS`.
         bind_host: address to listen on ("0.0.0.0" = every IPv4 interface; an
-            IPv6 literal listens on IPv6). The port is ephemeral. There is no
-            authentication: bind to the network heals should use.
+            IPv6 literal listens on IPv6). The port is ephemeral. Bind to the
+            network heals should use.
         advertise_host: the address put into `address()`/`metadata()`; None or
             "" means `default_advertise_host(bind_host)`.
         state_dict: optional callable returning the receiver's current state
             dict; matching tensors (same path, dtype, shape) are received in
             place, and so are DTensor local shards (see `serialization`).
+        job_secret: the job's secret (default: ``$TORCHFT_JOB_SECRET`` or the
+            file in ``$TORCHFT_JOB_SECRET_FILE``): every request must present
+            it (401 otherwise) and every fetch sends it; None and no
+            environment leave the server unchecked.
     """
 
     def __init__(
@@ -135,8 +140,13 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         bind_host: str = "0.0.0.0",
         advertise_host: str | None = None,
         state_dict: Callable[[], T] | None = None,
+        *,
+        job_secret: str | None = None,
     ) -> None:
         self._timeout_s = to_timedelta(timeout).total_seconds()
+        # Required of every request and sent with every fetch (default: from the
+        # environment, see lighthouse.auth); None leaves the server unchecked.
+        self._job_secret = auth.resolve_job_secret(job_secret)
         if type(num_chunks) is not int:
             raise TypeError(
                 f"num_chunks must be an int, got {type(num_chunks).__name__} {num_chunks!r:.100}"
@@ -158,7 +168,9 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         self._gate: ServingGate[Packed] = ServingGate()
         self._sent: SentCheckpoint[T] | None = None
         self._send_lock = threading.Lock()
-        self._server = CheckpointServer((bind_host, 0), self._gate, self._timeout_s)
+        self._server = CheckpointServer(
+            (bind_host, 0), self._gate, self._timeout_s, self._job_secret
+        )
         self._host = advertise_host or default_advertise_host(bind_host)
         self._port = int(self._server.server_address[1])
         self._thread = threading.Thread(
@@ -267,7 +279,9 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
                 f"receiving step {step} from {peer}: timed out at once (timeout 0 s)"
             )
         deadline = Deadline(budget)
-        fetch = ChunkFetcher(url.hostname, url.port, url.path, step, deadline, peer)
+        fetch = ChunkFetcher(
+            url.hostname, url.port, url.path, step, deadline, peer, self._job_secret
+        )
         skeleton = decode_skeleton(fetch.get_meta())
         if skeleton.step != step:
             raise RecoveryError(f"{fetch.peer} sent step {skeleton.step}, expected step {step}")
