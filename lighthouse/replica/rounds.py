@@ -220,6 +220,13 @@ class QuorumRounds:
                 f"stale vote: group rank {rank} voted for step {step} but replica "
                 f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
             )
+        if 0 <= self._last_quorum_step < step:
+            # Every rank votes on the step it asked a quorum for: a vote ahead of it
+            # would abandon the open vote and then never be decided.
+            raise ValueError(
+                f"vote ahead: group rank {rank} voted for step {step} but replica "
+                f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
+            )
         v = self._vote
         if v is not None and step < v.step:
             raise ValueError(

@@ -142,6 +142,13 @@ def test_commit_vote_is_the_and_of_local_votes_and_stale_votes_are_refused() -> 
         in_threads([partial(c.quorum, quorum_request(g, 5)) for g in range(2)])
         with pytest.raises(QuorumRejectedError, match="stale vote: group rank 0 voted for step 3"):
             c.should_commit(0, 3, True, T)
+        # A vote ahead of the quorum's step (a buggy or hostile member) is refused
+        # and leaves the real vote for step 5 to decide as usual.
+        with pytest.raises(QuorumRejectedError, match="vote ahead: group rank 1 voted for step 7"):
+            c.should_commit(1, 7, True, T)
+        assert in_threads(
+            [lambda: c.should_commit(0, 5, True, T), lambda: c.should_commit(1, 5, True, T)]
+        ) == [True, True]
 
 
 def test_kill_runs_the_kill_hook() -> None:
