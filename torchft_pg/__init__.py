@@ -58,12 +58,14 @@ __all__ = [
     "ProcessGroupBaby",
     "ProcessGroupBabyGloo",
     "ProcessGroupBabyNCCL",
+    "ProcessGroupBabyXCCL",
     "ProcessGroupDummy",
     "ProcessGroupError",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
     "ProcessGroupTimeoutError",
     "ProcessGroupWrapper",
+    "ProcessGroupXCCL",
     "WorldSizeMode",
     "create_store_client",
     "extend_device_mesh",
@@ -71,9 +73,6 @@ __all__ = [
 ]
 
 # Public name -> (module, attribute in it). Every name of `__all__` is here.
-# ProcessGroupXCCL and ProcessGroupBabyXCCL are here but not in `__all__`:
-# importable from the root, as from torchft's, while `__all__` keeps the list
-# pinned by tests/unit/test_pg_imports.py.
 _LAZY: dict[str, tuple[str, str]] = {
     "DistributedDataParallel": ("torchft_pg.ddp", "DistributedDataParallel"),
     "FaultToleranceError": ("torchft_pg.errors", "FaultToleranceError"),

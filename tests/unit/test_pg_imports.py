@@ -21,7 +21,7 @@ import torchft_pg
 ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_TIMEOUT_S = 120  # a cold `import torch` can take tens of seconds
 
-# The public names of the package root, as they were when it imported eagerly.
+# The public names of the package root (those it had when it imported eagerly, and XCCL).
 PUBLIC = [
     "DistributedDataParallel",
     "ErrorSwallowingProcessGroupWrapper",
@@ -36,12 +36,14 @@ PUBLIC = [
     "ProcessGroupBaby",
     "ProcessGroupBabyGloo",
     "ProcessGroupBabyNCCL",
+    "ProcessGroupBabyXCCL",
     "ProcessGroupDummy",
     "ProcessGroupError",
     "ProcessGroupGloo",
     "ProcessGroupNCCL",
     "ProcessGroupTimeoutError",
     "ProcessGroupWrapper",
+    "ProcessGroupXCCL",
     "WorldSizeMode",
     "create_store_client",
     "extend_device_mesh",
