@@ -24,9 +24,9 @@ SILENCE_VOTES_NO_AT = 0.5
 class Silences:
     """The times between consecutive pings, long enough to matter, recently."""
 
-    def __init__(self, keep: int = 64, floor_s: float = 0.05) -> None:
+    def __init__(self, keep: int = 64, floor_s: float = 0.25) -> None:
         self._last: float | None = None
-        self._floor_s = floor_s  # shorter gaps are never worth keeping
+        self._floor_s = floor_s  # shorter gaps (regular pings) are never worth keeping
         self._gaps: deque[tuple[float, float]] = deque(maxlen=keep)  # (end, length)
 
     def pinged(self, now: float) -> None:
