@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
@@ -81,6 +83,47 @@ def _dashboard_html() -> bytes:
     return resources.files("lighthouse").joinpath("static/index.html").read_bytes()
 
 
+READ_TIMEOUT_S = 10.0  # a status connection idle this long (s) is closed
+MAX_CONNECTIONS = 64  # status connections served at once; more are closed on arrival
+
+
+class _BoundedHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most ``max_connections`` at once."""
+
+    daemon_threads = True
+
+    def __init__(self, addr: tuple[str, int], handler: Any, max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._max = max_connections
+        self._last_refusal_log = float("-inf")
+        super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            now = time.monotonic()
+            if now - self._last_refusal_log >= 10.0:
+                self._last_refusal_log = now
+                log.warning(
+                    "status server: %d connections open (the cap); closing new ones "
+                    "until some end (from %s)",
+                    self._max,
+                    client_address[0],
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class StatusHTTPServer:
     """Serves ``/`` (dashboard), ``/status`` (JSON) and ``/metrics`` on ``bind``."""
 
@@ -89,11 +132,21 @@ class StatusHTTPServer:
         bind: tuple[str, int],
         snapshot: Callable[[], dict[str, Any]],
         metrics: LighthouseMetrics,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        """``snapshot`` returns the status dict (it may block up to a few seconds)."""
+        """``snapshot`` returns the status dict (it may block up to a few seconds).
+
+        A connection that sends nothing for ``read_timeout_s`` seconds is closed,
+        and at most ``max_connections`` are served at once: more are closed on
+        arrival (one log line per 10 s says so), so slow or idle clients cannot
+        hold every thread and file descriptor and stop ``/status`` answering.
+        """
         page = _dashboard_html()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = read_timeout_s  # socket timeout for every read and write
+
             def log_message(self, format: str, *args: Any) -> None:
                 log.debug("http: " + format, *args)
 
@@ -122,16 +175,14 @@ class StatusHTTPServer:
                     self._send(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
 
         host, port = bind
-        server_cls = ThreadingHTTPServer
+        server_cls: type[_BoundedHTTPServer] = _BoundedHTTPServer
         if ":" in host:
-            import socket
 
-            class V6Server(ThreadingHTTPServer):
+            class V6Server(_BoundedHTTPServer):
                 address_family = socket.AF_INET6
 
             server_cls = V6Server
-        self._httpd = server_cls((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = server_cls((host, port), Handler, max_connections)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
