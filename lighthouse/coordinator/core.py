@@ -68,7 +68,8 @@ class LighthouseCore:
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         # announced a clean shutdown on their liveness stream -> step committed through
-        self.leaving: dict[str, int] = {}
+        # replica id -> (the stream that announced a clean leave, committed-through step)
+        self.leaving: dict[str, tuple[asyncio.Queue[bytes], int]] = {}
         self._last_imbalance_log = float("-inf")
         self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
@@ -169,10 +170,18 @@ class LighthouseCore:
         self.streams.setdefault(replica_id, set()).add(queue)
         self.heartbeat(replica_id)
 
-    def replica_leaving(self, replica_id: str, committed_through: int = -1) -> None:
-        """``replica_id`` announced a clean shutdown: its stream closing is not a death.
-        ``committed_through``: it committed every round below this step (-1: unknown)."""
-        self.leaving[replica_id] = committed_through
+    def replica_leaving(
+        self, replica_id: str, queue: asyncio.Queue[bytes], committed_through: int = -1
+    ) -> None:
+        """``replica_id`` announced a clean shutdown on the stream of ``queue``: that
+        stream closing is not a death. ``committed_through``: it committed every
+        round below this step (-1: unknown).
+
+        The mark belongs to that stream, not to the id: a leave announced on
+        another stream under the same id (a stranger's, or a stale incarnation's)
+        never hides the real stream's later death.
+        """
+        self.leaving[replica_id] = (queue, committed_through)
 
     def stream_closed(self, replica_id: str, queue: asyncio.Queue[bytes]) -> None:
         """The stream ended: with no other stream left, the replica is dead at once,
@@ -181,11 +190,16 @@ class LighthouseCore:
         if queues is None:
             return
         queues.discard(queue)
+        leaving = self.leaving.get(replica_id)
+        left_cleanly = leaving is not None and leaving[0] is queue
+        if left_cleanly or (leaving is not None and leaving[0] not in queues):
+            self.leaving.pop(replica_id)  # its announcing stream is gone either way
         if queues:
             return
         del self.streams[replica_id]
-        if replica_id in self.leaving:
-            committed_through = self.leaving.pop(replica_id)
+        if left_cleanly:
+            assert leaving is not None
+            committed_through = leaving[1]
             recall, floor = self.lease.recall_for_leave(self.epoch, replica_id, committed_through)
             self._send_recall(recall)
             self._send_floor(floor)

@@ -351,7 +351,7 @@ class LighthouseServer:
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.core.stream_opened(rid, queue)
         loop = asyncio.get_running_loop()
-        reader = loop.create_task(self._read_pings(rid, context))
+        reader = loop.create_task(self._read_pings(rid, queue, context))
         # The reader ending (EOF, a leaving ping, a bad ping) wakes the writer below
         # with an empty payload, so the writer needs no per-event asyncio.wait.
         reader.add_done_callback(lambda _: queue.put_nowait(b""))
@@ -368,7 +368,9 @@ class LighthouseServer:
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {reader.exception()}")
 
-    async def _read_pings(self, rid: str, context: grpc.aio.ServicerContext) -> None:
+    async def _read_pings(
+        self, rid: str, queue: asyncio.Queue[bytes], context: grpc.aio.ServicerContext
+    ) -> None:
         while True:
             msg = await context.read()
             if msg is grpc.aio.EOF:
@@ -380,6 +382,6 @@ class LighthouseServer:
                     f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
                 )
             if leaving:
-                self.core.replica_leaving(rid, step if step > 0 else -1)
+                self.core.replica_leaving(rid, queue, step if step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
             self.core.progress(rid, step, step_time_ms)

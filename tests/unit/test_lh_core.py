@@ -110,3 +110,38 @@ def test_step_time_report_names_the_slowest_replica_and_the_imbalance() -> None:
         "slowest_step_time_ms": 300.0,
         "slowest_over_median": 2.727,
     }
+
+
+def test_a_leave_announced_on_another_stream_does_not_hide_the_real_streams_death() -> None:
+    async def body() -> None:
+        core = LighthouseCore(CFG, FakeClock(), "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "abc"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        await asyncio.gather(*(core.request(QuorumMember(rid)) for rid in "abc"))
+        spoof: asyncio.Queue[bytes] = asyncio.Queue()
+        core.stream_opened("c", spoof)  # a second stream under c's id says it leaves
+        core.replica_leaving("c", spoof, 10)
+        core.stream_closed("c", spoof)
+        assert list(core.recent_deaths) == [] and queues["a"].empty()
+        core.stream_closed("c", queues["c"])  # then the real c crashes
+        assert core.recent_deaths[-1]["replica_id"] == "c"
+        for rid in "ab":
+            _epoch, notice = wire.decode_liveness_event(queues[rid].get_nowait())
+            assert isinstance(notice, FailureNotice) and notice.dead_replica_ids == ("c",)
+
+    run(body())
+
+
+def test_a_leave_announced_on_the_replicas_own_stream_is_not_a_death() -> None:
+    async def body() -> None:
+        core = LighthouseCore(CFG, FakeClock(), "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "abc"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        await asyncio.gather(*(core.request(QuorumMember(rid)) for rid in "abc"))
+        core.replica_leaving("c", queues["c"], 10)
+        core.stream_closed("c", queues["c"])
+        assert list(core.recent_deaths) == [] and queues["a"].empty() and queues["b"].empty()
+
+    run(body())
