@@ -88,7 +88,10 @@ def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
 
 
 def method_handlers(
-    service: str, handlers: Mapping[str, Callable[..., Any]], secret: str | None = None
+    service: str,
+    handlers: Mapping[str, Callable[..., Any]],
+    secret: str | None = None,
+    job_id: str | None = None,
 ) -> grpc.GenericRpcHandler:
     """Serve ``handlers`` (method name -> raw-bytes handler) as ``service``, each with
     the shape the method table (``lighthouse.services``) gives it.
@@ -96,7 +99,8 @@ def method_handlers(
     ``ValueError`` unless ``handlers`` names exactly the service's methods, so a
     server can neither miss an RPC nor serve one the proto does not declare.
     With a job ``secret`` every method first refuses calls without it
-    (UNAUTHENTICATED; see ``lighthouse.auth``).
+    (UNAUTHENTICATED; see ``lighthouse.auth``), and with a ``job_id`` calls
+    for another job (FAILED_PRECONDITION).
     """
     methods = {m.name: m for m in services.SERVICES[service]}
     if set(handlers) != set(methods):
@@ -105,7 +109,7 @@ def method_handlers(
         )
     table = {
         name: getattr(grpc, f"{methods[name].shape}_rpc_method_handler")(
-            auth.guard(fn, secret, f"{service.rsplit('.', 1)[-1]}.{name}")
+            auth.guard(fn, secret, f"{service.rsplit('.', 1)[-1]}.{name}", job_id)
         )
         for name, fn in handlers.items()
     }
@@ -120,12 +124,13 @@ def bind_server(
     keepalive_ms: int,
     what: str,
     secret: str | None = None,
+    job_id: str | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An asyncio gRPC server serving ``service`` and bound to ``bind``, not yet
     started; returns it and the bound port. Call on the event loop that will run
     it. ``OSError`` naming ``what`` if the address cannot be bound."""
     server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
-    server.add_generic_rpc_handlers((method_handlers(service, handlers, secret),))
+    server.add_generic_rpc_handlers((method_handlers(service, handlers, secret, job_id),))
     port: int = server.add_insecure_port(bind)
     if port == 0:
         raise OSError(f"could not bind {what} to {bind!r}")

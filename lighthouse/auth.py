@@ -24,6 +24,8 @@ import grpc
 
 __all__ = [
     "HTTP_HEADER",
+    "JOB_ID_ENV",
+    "JOB_ID_KEY",
     "METADATA_KEY",
     "MIN_SECRET_LENGTH",
     "SECRET_ENV",
@@ -32,10 +34,13 @@ __all__ = [
     "guard",
     "header_presents",
     "presents",
+    "resolve_job_id",
     "resolve_job_secret",
     "sync_channel",
 ]
 
+JOB_ID_ENV = "TORCHFT_JOB_ID"
+JOB_ID_KEY = "x-torchft-job-id"
 SECRET_ENV = "TORCHFT_JOB_SECRET"
 SECRET_FILE_ENV = "TORCHFT_JOB_SECRET_FILE"
 METADATA_KEY = "x-torchft-job-secret"  # gRPC metadata keys are lower case
@@ -68,6 +73,26 @@ def resolve_job_secret(secret: str | None = None) -> str | None:
     return secret
 
 
+def resolve_job_id(job_id: str | None = None) -> str | None:
+    """The job id: `job_id`, else ``$TORCHFT_JOB_ID``; None if unset.
+
+    A lighthouse with a job id refuses calls for another job (or for none), so
+    two jobs pointed at one lighthouse by mistake never merge into one quorum.
+    """
+    if job_id is None:
+        job_id = os.environ.get(JOB_ID_ENV) or None
+    if job_id is not None and (not isinstance(job_id, str) or not 0 < len(job_id) <= 128):
+        raise ValueError(f"job id must be a str of 1 to 128 characters, got {job_id!r:.140}")
+    return job_id
+
+
+def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, key: str) -> str | None:
+    for k, value in metadata or ():
+        if k == key:
+            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return None
+
+
 def presents(metadata: Sequence[tuple[str, Any]] | None, secret: str) -> bool:
     """Whether call `metadata` carries `secret` (compared in constant time)."""
     for key, value in metadata or ():
@@ -83,40 +108,59 @@ def header_presents(value: str | None, secret: str) -> bool:
 
 
 def guard(
-    handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None, what: str
+    handler: Callable[[Any, Any], Awaitable[Any]],
+    secret: str | None,
+    what: str,
+    job_id: str | None = None,
 ) -> Callable[[Any, Any], Awaitable[Any]]:
-    """`handler` (an asyncio gRPC handler) that first refuses calls without `secret`.
-
-    The refusal is UNAUTHENTICATED and names `what` (the method), never the secret.
+    """`handler` (an asyncio gRPC handler) that first refuses calls without `secret`
+    (UNAUTHENTICATED) and, if `job_id` is set, calls for another job or for none
+    (FAILED_PRECONDITION). Refusals name `what` (the method), never the secret.
     """
-    if secret is None:
+    if secret is None and job_id is None:
         return handler
 
     async def checked(request: Any, context: Any) -> Any:
-        if not presents(context.invocation_metadata(), secret):
+        metadata = context.invocation_metadata()
+        if secret is not None and not presents(metadata, secret):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 f"{what}: this job requires its job secret ({SECRET_ENV})",
             )
+        if job_id is not None:
+            theirs = _metadata_value(metadata, JOB_ID_KEY)
+            if theirs != job_id:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{what}: this lighthouse serves job {job_id!r}, the call is for "
+                    + (f"job {theirs!r}" if theirs else f"no job (set {JOB_ID_ENV})"),
+                )
         return await handler(request, context)
 
     return checked
 
 
-def call_metadata(secret: str | None) -> tuple[tuple[str, str], ...] | None:
-    """The metadata to pass to one call so it carries `secret` (None without one)."""
-    return None if secret is None else ((METADATA_KEY, secret),)
+def call_metadata(
+    secret: str | None, job_id: str | None = None
+) -> tuple[tuple[str, str], ...] | None:
+    """The metadata that makes one call carry `secret` and `job_id` (None: neither)."""
+    pairs = []
+    if secret is not None:
+        pairs.append((METADATA_KEY, secret))
+    if job_id is not None:
+        pairs.append((JOB_ID_KEY, job_id))
+    return tuple(pairs) or None
 
 
-def _with_secret(metadata: Any, secret: str) -> list[tuple[str, Any]]:
-    return [*(metadata or ()), (METADATA_KEY, secret)]
+def _with_secret(metadata: Any, extra: tuple[tuple[str, str], ...]) -> list[tuple[str, Any]]:
+    return [*(metadata or ()), *extra]
 
 
 class _SyncDetails(grpc.ClientCallDetails):  # type: ignore[misc]
-    def __init__(self, base: Any, secret: str) -> None:
+    def __init__(self, base: Any, extra: tuple[tuple[str, str], ...]) -> None:
         self.method = base.method
         self.timeout = base.timeout
-        self.metadata = _with_secret(base.metadata, secret)
+        self.metadata = _with_secret(base.metadata, extra)
         self.credentials = base.credentials
         self.wait_for_ready = base.wait_for_ready
         self.compression = base.compression
@@ -128,8 +172,8 @@ class _SyncSecret(
     grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
     grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
 ):
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
+    def __init__(self, extra: tuple[tuple[str, str], ...]) -> None:
+        self._secret = extra
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         return continuation(_SyncDetails(details, self._secret), request)
@@ -144,9 +188,12 @@ class _SyncSecret(
         return continuation(_SyncDetails(details, self._secret), requests)
 
 
-def sync_channel(addr: str, options: Any, secret: str | None) -> grpc.Channel:
-    """A blocking channel to `addr` whose every call carries `secret` (if any)."""
+def sync_channel(
+    addr: str, options: Any, secret: str | None, job_id: str | None = None
+) -> grpc.Channel:
+    """A blocking channel to `addr` whose every call carries `secret` and `job_id` (if set)."""
     channel = grpc.insecure_channel(addr, options=options)
-    if secret is None:
+    extra = call_metadata(secret, job_id)
+    if extra is None:
         return channel
-    return grpc.intercept_channel(channel, _SyncSecret(secret))
+    return grpc.intercept_channel(channel, _SyncSecret(extra))

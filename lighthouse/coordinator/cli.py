@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         "default: $TORCHFT_JOB_SECRET, else the file in $TORCHFT_JOB_SECRET_FILE, else no "
         "check (never pass the secret itself on the command line: ps shows it)",
     )
+    p.add_argument(
+        "--job-id",
+        default=None,
+        help="the job this lighthouse serves: replicas of another job (or of none) are "
+        "refused, so two jobs never merge; default: $TORCHFT_JOB_ID, else no check",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             quarantine_after_failures=args.quarantine_after_failures,
             quarantine_base_ms=args.quarantine_base_ms,
             job_secret=secret,
+            job_id=args.job_id,
         )
     except (ValueError, OSError) as exc:
         print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)

@@ -24,8 +24,8 @@ class LighthouseClient:
     """Talks to a lighthouse at ``addr`` (``host:port``); thread-safe.
 
     ``connect_timeout``: how long an unreachable lighthouse is retried per call.
-    ``job_secret``: the job's secret (default: from the environment, see
-    ``lighthouse.auth``), sent with every call.
+    ``job_secret``, ``job_id``: the job's secret and id (default: from the
+    environment, see ``lighthouse.auth``), sent with every call.
     """
 
     def __init__(
@@ -34,11 +34,15 @@ class LighthouseClient:
         connect_timeout: timedelta = timedelta(seconds=10),
         *,
         job_secret: str | None = None,
+        job_id: str | None = None,
     ) -> None:
         self._addr = normalize_address(addr)
         self._connect_s = validate.timeout_seconds("connect_timeout", connect_timeout)
         self._channel = auth.sync_channel(
-            self._addr, CHANNEL_OPTIONS, auth.resolve_job_secret(job_secret)
+            self._addr,
+            CHANNEL_OPTIONS,
+            auth.resolve_job_secret(job_secret),
+            auth.resolve_job_id(job_id),
         )
         self._quorum = stub(self._channel, services.LIGHTHOUSE_QUORUM)
         self._heartbeat = stub(self._channel, services.LIGHTHOUSE_HEARTBEAT)

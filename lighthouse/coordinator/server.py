@@ -98,6 +98,9 @@ class LighthouseServer:
         job_secret: the job's secret (default: ``$TORCHFT_JOB_SECRET`` or the file
             ``$TORCHFT_JOB_SECRET_FILE``; see ``lighthouse.auth``); when set, every
             call without it is refused with UNAUTHENTICATED and changes nothing.
+        job_id: the job this lighthouse serves (default: ``$TORCHFT_JOB_ID``);
+            when set, calls for another job or for none are refused with
+            FAILED_PRECONDITION, so two jobs never merge into one quorum.
         quarantine_base_ms: the first quarantine's length in milliseconds
             (doubled per repeat, at most 600 s); None = 30_000.
 
@@ -123,6 +126,7 @@ class LighthouseServer:
         quarantine_base_ms: int | None = None,
         *,
         job_secret: str | None = None,
+        job_id: str | None = None,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
@@ -152,6 +156,7 @@ class LighthouseServer:
         self._tick_s = quorum_tick_ms / 1000
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
         self._job_secret = auth.resolve_job_secret(job_secret)
+        self.job_id = auth.resolve_job_id(job_id)
         bind_host, _ = split_host_port(bind, "bind")
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
@@ -199,6 +204,7 @@ class LighthouseServer:
             keepalive_ms=keepalive_ms,
             what="the lighthouse",
             secret=self._job_secret,
+            job_id=self.job_id,
         )
         await server.start()
         self._server = server

@@ -76,10 +76,11 @@ class LighthouseLink:
         on_notice: Callable[[FailureNotice | LeaseRecall | LeaseFloor], None],
         on_stream: Callable[[bool], None] | None = None,
         job_secret: str | None = None,
+        job_id: str | None = None,
     ) -> None:
         self.replica_id = replica_id
         # The job secret, sent with both streams' calls (see lighthouse.auth).
-        self._call_metadata = auth.call_metadata(job_secret)
+        self._call_metadata = auth.call_metadata(job_secret, job_id)
         self._lh_addr = addr
         self._hb_s = heartbeat_s
         self._connect_s = connect_s
@@ -94,6 +95,7 @@ class LighthouseLink:
         # When pings went out (event-loop time), and after how long a silence the
         # lighthouse declares a replica dead (s; None until it has said).
         self.silences = Silences()
+        self._refusal = ""  # why the lighthouse last refused our stream (auth, job id)
         self.heartbeat_timeout_s: float | None = None
         self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
         self.committed_through = -1  # sent with the leaving ping (-1: unknown)
@@ -167,6 +169,7 @@ class LighthouseLink:
             raise LighthouseUnavailableError(
                 f"lighthouse at {self._lh_addr} did not open a liveness stream within "
                 f"connect_timeout {self._connect_s:g} s"
+                + (f" (it answered {self._refusal})" if self._refusal else "")
             ) from None
 
     @property
@@ -264,6 +267,15 @@ class LighthouseLink:
                 ConnectionError,
                 ValueError,
             ) as exc:
+                refusal = _refusal(exc)
+                if refusal and refusal != self._refusal:  # said once per reason, not per retry
+                    log.warning(
+                        "%s: the lighthouse at %s refused the liveness stream: %s",
+                        self.replica_id,
+                        self._lh_addr,
+                        refusal,
+                    )
+                self._refusal = refusal
                 log.debug(
                     "%s: liveness stream to %s broke: %s", self.replica_id, self._lh_addr, exc
                 )
@@ -415,6 +427,18 @@ class LighthouseLink:
             call.cancel()
             self._qcall = self._qcall_channel = None
             return None, code, details
+
+
+def _refusal(exc: BaseException) -> str:
+    """'CODE: details' if the lighthouse refused the call itself (wrong job secret or
+    job id), else ''."""
+    if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+    ):
+        return f"{exc.code().name}: {exc.details()}"
+    return ""
 
 
 async def _exchange(call: Any, payload: bytes) -> Any:

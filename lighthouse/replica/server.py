@@ -77,6 +77,8 @@ class ManagerServer:
         job_secret: the job's secret (default: from the environment, see
             ``lighthouse.auth``): calls without it are refused with
             UNAUTHENTICATED, and the link to the lighthouse presents it.
+        job_id: the job this replica belongs to (default: ``$TORCHFT_JOB_ID``),
+            sent to the lighthouse, which refuses another job's replicas.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class ManagerServer:
         *,
         allow_kill: bool = False,
         job_secret: str | None = None,
+        job_id: str | None = None,
     ) -> None:
         validate.check_replica_id(replica_id)
         if world_size < 1:
@@ -128,6 +131,7 @@ class ManagerServer:
             self._on_event,
             self._on_stream,
             job_secret=self._job_secret,
+            job_id=auth.resolve_job_id(job_id),
         )
         self._rounds = QuorumRounds(
             replica_id=replica_id,

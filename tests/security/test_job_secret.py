@@ -203,3 +203,18 @@ def test_a_job_whose_processes_share_the_secret_trains_and_heals() -> None:
         r0, r1 = run_ranks(_replica_with_secret_in_env, 2, lh.address(), SECRET, timeout=120)
     assert r0["step"] == r1["step"] >= 6
     assert r0["w"] == r1["w"]  # replica 1 healed over the secret-checked HTTP server
+
+
+def test_a_manager_server_with_the_wrong_secret_fails_to_start_saying_why() -> None:
+    with (
+        lighthouse(min_replicas=1, job_secret=SECRET) as lh,
+        pytest.raises(FaultToleranceError, match=r"UNAUTHENTICATED.*job secret"),
+    ):
+        ManagerServer(
+            "rep0",
+            lh.address(),
+            bind="127.0.0.1:0",
+            world_size=1,
+            job_secret="not-the-secret-of-this-job",
+            connect_timeout=timedelta(seconds=2),
+        ).shutdown()
