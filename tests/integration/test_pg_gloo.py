@@ -308,12 +308,12 @@ def test_configure_with_a_dead_member_fails_at_once_when_interrupted() -> None:
         assert r["sum"] == 2.0
 
 
-def _listening_ipv4() -> set[str]:
-    """The IPv4 addresses this process has TCP sockets listening on (/proc/net/tcp)."""
+def _listening_ipv4(pid: int | str = "self") -> set[str]:
+    """The IPv4 addresses process `pid` has TCP sockets listening on (/proc/net/tcp)."""
     inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue  # closed meanwhile
         if target.startswith("socket:["):
@@ -345,6 +345,27 @@ def test_hostname_is_the_address_gloo_binds_and_advertises() -> None:
     """Each rank's Gloo listens on its own `hostname` (not the machine's name, which
     often resolves to loopback), and the peers connect to it there."""
     for r in run_ranks(_gloo_on_hostname, 2):
+        assert r["sum"] == 3.0
+        assert r["host"] in r["listening"], r  # type: ignore[operator]
+
+
+def _baby_gloo_on_hostname(ctx: RankContext) -> dict[str, object]:
+    from torchft_pg import ProcessGroupBabyGloo
+
+    host = f"127.0.0.{ctx.rank + 2}"
+    pg = ProcessGroupBabyGloo(timeout=timedelta(seconds=20), hostname=host)
+    pg.configure(ctx.addr("baby-hn/0"), ctx.rank, ctx.world_size)
+    t = torch.full((1,), float(ctx.rank + 1))
+    pg.allreduce([t]).wait()
+    assert pg.child_pid is not None
+    listening = _listening_ipv4(pg.child_pid)  # the child's Gloo, not this process
+    pg.shutdown()
+    return {"host": host, "sum": t.item(), "listening": listening}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="needs Linux /proc/net/tcp")
+def test_baby_gloo_takes_the_hostname_its_childs_gloo_binds_and_advertises() -> None:
+    for r in run_ranks(_baby_gloo_on_hostname, 2):
         assert r["sum"] == 3.0
         assert r["host"] in r["listening"], r  # type: ignore[operator]
 

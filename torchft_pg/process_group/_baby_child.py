@@ -131,9 +131,15 @@ class ChildProcess:
             raise self.dead
 
     def configure(
-        self, address: StoreAddress, rank: int, world_size: int, timeout: timedelta
+        self,
+        address: StoreAddress,
+        rank: int,
+        world_size: int,
+        timeout: timedelta,
+        hostname: str | None = None,
     ) -> None:
-        """Have the child build a backend at `address`; bounded by `timeout` plus 5 s."""
+        """Have the child build a backend at `address`; bounded by `timeout` plus 5 s.
+        `hostname`: the address a Gloo backend binds and advertises (None: torch's)."""
         request = PendingRequest()
         with self._submit_lock:
             request_id = self._take_id()
@@ -144,6 +150,7 @@ class ChildProcess:
                 rank=rank,
                 world_size=world_size,
                 timeout_s=timeout.total_seconds(),
+                hostname=hostname,
             )
             self._send(message, request_id)
         # The child's own rendezvous is bounded by `timeout`; allow it to report.

@@ -76,6 +76,7 @@ class Configure:
     rank: int
     world_size: int
     timeout_s: float
+    hostname: str | None = None  # what a Gloo backend binds and advertises (None: torch's)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -147,6 +148,7 @@ def _wire(message: Message) -> tuple[Any, ...]:
             message.rank,
             message.world_size,
             message.timeout_s,
+            message.hostname,
         )
     if isinstance(message, Configured):
         return (Configured.TAG, message.request_id, message.error, message.timed_out)
@@ -164,7 +166,7 @@ def _unwire(fields: tuple[Any, ...]) -> Message:
     if tag == Ready.TAG:
         return Ready(request_id=fields[1], pid=fields[2])
     if tag == Configure.TAG:
-        _, request_id, host, port, prefix, rank, world_size, timeout_s = fields
+        _, request_id, host, port, prefix, rank, world_size, timeout_s, hostname = fields
         address = StoreAddress(host=host, port=port, prefix=prefix)
         return Configure(
             request_id=request_id,
@@ -172,6 +174,7 @@ def _unwire(fields: tuple[Any, ...]) -> Message:
             rank=rank,
             world_size=world_size,
             timeout_s=timeout_s,
+            hostname=hostname,
         )
     if tag == Configured.TAG:
         return Configured(request_id=fields[1], error=fields[2], timed_out=fields[3])

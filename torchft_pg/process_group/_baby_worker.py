@@ -44,9 +44,15 @@ class _Child:
         self._tensors = proto.ChildTensors()
 
     def configure(
-        self, address: StoreAddress, rank: int, world_size: int, timeout_s: float
+        self,
+        address: StoreAddress,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        hostname: str | None = None,
     ) -> None:
-        """Replace the backend with one for `address`; `timeout_s` bounds its rendezvous."""
+        """Replace the backend with one for `address`; `timeout_s` bounds its rendezvous.
+        `hostname`: the address a Gloo backend binds and advertises (None: torch's)."""
         if self._pg is not None:
             holder, self._pg = [self._pg], None
             with contextlib.suppress(Exception):  # a broken backend may refuse to abort
@@ -57,12 +63,15 @@ class _Child:
             self._lease = None
         timeout = timedelta(seconds=timeout_s)
         lease = lease_store_client(address, timeout)
-        if self._backend == "nccl":
-            from torchft_pg.process_group.nccl import create_nccl_group as create
-        else:
-            from torchft_pg.process_group.gloo import create_gloo_group as create
         try:
-            self._pg = create(lease.store, rank, world_size, timeout)
+            if self._backend == "nccl":
+                from torchft_pg.process_group.nccl import create_nccl_group
+
+                self._pg = create_nccl_group(lease.store, rank, world_size, timeout)
+            else:
+                from torchft_pg.process_group.gloo import create_gloo_group
+
+                self._pg = create_gloo_group(lease.store, rank, world_size, timeout, hostname)
         except BaseException:
             lease.release()
             raise
@@ -104,7 +113,11 @@ class _Child:
             elif isinstance(message, msgs.Configure):
                 try:
                     self.configure(
-                        message.address, message.rank, message.world_size, message.timeout_s
+                        message.address,
+                        message.rank,
+                        message.world_size,
+                        message.timeout_s,
+                        message.hostname,
                     )
                     reply = msgs.Configured(
                         request_id=message.request_id, error=None, timed_out=False

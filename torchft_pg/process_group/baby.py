@@ -122,16 +122,29 @@ class ProcessGroupBaby(ProcessGroupWrapper):
     `timeout` bounds rendezvous and each op (s). `warm_spare` keeps a zygote: an
     interpreter that imports torch once, from construction on, and forks the
     child, and any replacement after `abort()` or a crash, in milliseconds.
-    Without it every child is a new interpreter (seconds).
+    Without it every child is a new interpreter (seconds). `hostname` (keyword
+    only, Gloo only, as for `ProcessGroupGloo`): the address the child's Gloo
+    pairs bind and advertise to the other replicas; None keeps torch's choice.
     """
 
     BACKEND = "gloo"
     C10D_BACKEND = "gloo"
 
     def __init__(
-        self, timeout: timedelta | float = DEFAULT_TIMEOUT, warm_spare: bool = True
+        self,
+        timeout: timedelta | float = DEFAULT_TIMEOUT,
+        warm_spare: bool = True,
+        *,
+        hostname: str | None = None,
     ) -> None:
+        if hostname is not None and not isinstance(hostname, str):
+            raise TypeError(f"hostname must be a str or None, got {type(hostname).__name__}")
+        if hostname and self.BACKEND != "gloo":
+            raise ValueError(
+                f"hostname applies to Gloo only; {type(self).__name__} runs {self.BACKEND}"
+            )
         super().__init__(timeout=timeout)
+        self._hostname = hostname or None  # what the child's Gloo binds and advertises
         self._warm_spare = warm_spare
         self._device_index = torch.cuda.current_device() if self.BACKEND == "nccl" else None
         self._children = _Children()
@@ -208,7 +221,7 @@ class ProcessGroupBaby(ProcessGroupWrapper):
         # Meet on the store here, as every torchft_pg group does, so a Baby member
         # and a Gloo member can share a prefix and a known death interrupts us.
         self._meet_at(address, rank, world_size).release()
-        child.configure(address, rank, world_size, self._timeout)
+        child.configure(address, rank, world_size, self._timeout, self._hostname)
         return child
 
     def monitored_barrier(
