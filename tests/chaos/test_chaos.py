@@ -233,6 +233,7 @@ def test_a_multi_rank_group_whose_heal_fails_on_one_rank_votes_no() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1900)  # the run's own deadline is 1800 s (the default 300 s is for CI tests)
 def test_soak_one_hundred_kills() -> None:
     """100 kills and 40 other faults of every kind (phase kills, heal kills, freezes,
     lighthouse restarts, ...), on every replica, 10 of them overlapping."""
@@ -262,6 +263,7 @@ def test_soak_one_hundred_kills() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1300)  # the run's own deadline is 1200 s
 def test_soak_multi_rank_groups_with_partial_kills() -> None:
     """Two-rank groups: partial kills (one rank of a group) among every other kind,
     heal-source kills included (one rank's heal fails while the other's succeeds)."""
