@@ -275,7 +275,7 @@ class QuorumRounds:
         start, generation, epoch = self._round_mark
         link = self._link
         silence = link.silences.longest_since(start, asyncio.get_running_loop().time())
-        if silent_too_long(silence, link.heartbeat_timeout_s):
+        if silent_too_long(silence, link.heartbeat_timeout_s):  # may have been declared dead
             return (
                 f"silent to the lighthouse for {silence:.2f} s during the step (it declares a "
                 f"replica dead after {link.heartbeat_timeout_s:g} s of silence)"

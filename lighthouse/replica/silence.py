@@ -5,8 +5,14 @@ tells the survivors, who abandon the step. A replica that was frozen (stopped,
 swapped out, a stalled event loop) for that long may wake inside the same step
 and finish it with the abandoned collective; it must not commit that step. So
 the manager server keeps the recent gaps between pings and votes no on a step
-during which it was silent for half the lighthouse's timeout or more (half:
-the lighthouse measures from when a ping arrives, and ours may be in flight).
+during which it was silent for 90% of the lighthouse's timeout or more.
+
+Our silence bounds the lighthouse's from above: it measures from when our
+last ping arrived, which is after we wrote it. So a replica silent for less
+than the timeout cannot have been declared dead for silence, and a vote that
+says otherwise would only make this replica fall behind the others, who
+commit; the 10% margin covers clock-rate differences and the lighthouse's
+tick.
 
 Plain logic on a clock's readings (seconds), no I/O.
 """
@@ -18,7 +24,7 @@ from collections import deque
 __all__ = ["SILENCE_VOTES_NO_AT", "Silences", "silent_too_long"]
 
 # The fraction of the lighthouse's heartbeat timeout a step may stay silent.
-SILENCE_VOTES_NO_AT = 0.5
+SILENCE_VOTES_NO_AT = 0.9
 
 
 class Silences:

@@ -36,7 +36,9 @@ def test_the_silence_still_going_counts() -> None:
     assert s.longest_since(0.5, 5.0) == pytest.approx(4.0)
 
 
-def test_half_the_lighthouse_timeout_is_too_long_and_an_unknown_timeout_never_is() -> None:
-    assert silent_too_long(1.0, 2.0)
-    assert not silent_too_long(0.99, 2.0)
+def test_ninety_percent_of_the_lighthouse_timeout_is_too_long_and_an_unknown_timeout_never_is() -> (
+    None
+):
+    assert silent_too_long(1.8, 2.0)
+    assert not silent_too_long(1.79, 2.0)
     assert not silent_too_long(100.0, None)
