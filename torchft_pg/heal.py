@@ -167,6 +167,10 @@ class Healer:
     def has_pending(self) -> bool:
         return self._pending is not None
 
+    def drop_pending(self) -> None:
+        """Forget a received state that will not be loaded (its step was not committed)."""
+        self._pending = None
+
     def apply_pending(self) -> None:
         """Load the received user state through the registered load functions."""
         state, self._pending = self._pending, None

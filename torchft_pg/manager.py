@@ -483,7 +483,6 @@ class Manager:
         pg_error = self._pg.errored()
         if pg_error is not None:
             self.report_error(pg_error)
-        self._apply_pending_state()
         participants = self._participation.world_size if self._errored is None else 0
         vote = local_vote(
             failed=self._errored is not None,
@@ -496,6 +495,20 @@ class Manager:
         )
         self._healer.transport.disallow_checkpoint()
         healed, self._healed_counters = self._healed_counters, None
+        # A healed state is loaded only once the group has committed: in a multi-rank
+        # group another rank's heal may have failed, and a rank that loaded the
+        # source's state while its step stays put would train the next step on a
+        # state its group never committed to.
+        if decision and self._healer.has_pending():
+            try:
+                self._healer.apply_pending()
+            except Exception as e:  # the group committed: this rank cannot follow it
+                raise RecoveryError(
+                    f"{self._tag()} the group committed a healed step but loading the "
+                    f"healed state here failed: {e}"
+                ) from e
+        self._healer.drop_pending()
+        self._healing = False
         if decision and healed is not None:
             self._step, self._batches_committed = healed["step"], healed["batches_committed"]
         if decision:
