@@ -95,15 +95,12 @@ def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, key: str) -> str
 
 def presents(metadata: Sequence[tuple[str, Any]] | None, secret: str) -> bool:
     """Whether call `metadata` carries `secret` (compared in constant time)."""
-    for key, value in metadata or ():
-        if key == METADATA_KEY:
-            given = value.encode() if isinstance(value, str) else bytes(value)
-            return hmac.compare_digest(given, secret.encode())
-    return False
+    return header_presents(_metadata_value(metadata, METADATA_KEY), secret)
 
 
 def header_presents(value: str | None, secret: str) -> bool:
-    """Whether an HTTP request's ``X-Torchft-Job-Secret`` header `value` is `secret`."""
+    """Whether `value` (an HTTP ``X-Torchft-Job-Secret`` header, or the secret's call
+    metadata) is `secret`, compared in constant time."""
     return value is not None and hmac.compare_digest(value.encode(), secret.encode())
 
 
@@ -152,7 +149,7 @@ def call_metadata(
     return tuple(pairs) or None
 
 
-def _with_secret(metadata: Any, extra: tuple[tuple[str, str], ...]) -> list[tuple[str, Any]]:
+def _with_extra(metadata: Any, extra: tuple[tuple[str, str], ...]) -> list[tuple[str, Any]]:
     return [*(metadata or ()), *extra]
 
 
@@ -160,32 +157,32 @@ class _SyncDetails(grpc.ClientCallDetails):  # type: ignore[misc]
     def __init__(self, base: Any, extra: tuple[tuple[str, str], ...]) -> None:
         self.method = base.method
         self.timeout = base.timeout
-        self.metadata = _with_secret(base.metadata, extra)
+        self.metadata = _with_extra(base.metadata, extra)
         self.credentials = base.credentials
         self.wait_for_ready = base.wait_for_ready
         self.compression = base.compression
 
 
-class _SyncSecret(
+class _SyncMetadata(
     grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
     grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
     grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
     grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
 ):
     def __init__(self, extra: tuple[tuple[str, str], ...]) -> None:
-        self._secret = extra
+        self._extra = extra  # appended to every call's metadata
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_SyncDetails(details, self._secret), request)
+        return continuation(_SyncDetails(details, self._extra), request)
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(_SyncDetails(details, self._secret), request)
+        return continuation(_SyncDetails(details, self._extra), request)
 
     def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(_SyncDetails(details, self._secret), requests)
+        return continuation(_SyncDetails(details, self._extra), requests)
 
     def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return continuation(_SyncDetails(details, self._secret), requests)
+        return continuation(_SyncDetails(details, self._extra), requests)
 
 
 def sync_channel(
@@ -196,4 +193,4 @@ def sync_channel(
     extra = call_metadata(secret, job_id)
     if extra is None:
         return channel
-    return grpc.intercept_channel(channel, _SyncSecret(extra))
+    return grpc.intercept_channel(channel, _SyncMetadata(extra))
