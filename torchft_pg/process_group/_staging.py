@@ -33,12 +33,13 @@ from torchft_pg.work import completed_work
 
 __all__ = [
     "GLOO_CUDA_OPS",
-    "HostStaging",
     "StagedWork",
+    "Staging",
     "alltoall_through_one_buffer",
     "backend_op",
     "stage_on_device",
     "stage_on_host",
+    "staged_work",
 ]
 
 # The ops torch's Gloo backend runs on CUDA tensors itself.
@@ -75,7 +76,7 @@ def backend_op(group: Any, op: str) -> Any:
 
 
 @dataclass(frozen=True, kw_only=True)
-class HostStaging:
+class Staging:
     """One op's stand-in copies: `args` and `outputs` name them in place of the originals.
 
     `user_outputs` is what the caller passed as outputs; `pairs` maps each
@@ -94,14 +95,14 @@ class HostStaging:
 
 def stage_on_host(
     op: str, outputs: Any, args: tuple[Any, ...], native: frozenset[str] = GLOO_CUDA_OPS
-) -> HostStaging | None:
+) -> Staging | None:
     """Host copies for `op` if it has CUDA tensors and is not in `native`; else None."""
     if op in native:
         return None
     return _stage(outputs, args, lambda t: t.is_cuda, torch.device("cpu"))
 
 
-def stage_on_device(op: str, outputs: Any, args: tuple[Any, ...]) -> HostStaging | None:
+def stage_on_device(op: str, outputs: Any, args: tuple[Any, ...]) -> Staging | None:
     """Copies on the current CUDA device if `op` has host tensors (for NCCL); else None.
 
     torch sends object collectives and barriers of a group it cannot place
@@ -120,7 +121,7 @@ def _stage(
     args: tuple[Any, ...],
     moves: Callable[[torch.Tensor], bool],
     target: torch.device,
-) -> HostStaging | None:
+) -> Staging | None:
     if not any(moves(t) for t in tensors_in(args)):
         return None
     copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -142,7 +143,7 @@ def _stage(
     staged_args = tuple(stand_in(a) for a in args)
     staged_outputs = stand_in(outputs)
     written = {id(t): copies[id(t)] for t in tensors_in(outputs) if moves(t)}
-    return HostStaging(
+    return Staging(
         args=staged_args,
         outputs=staged_outputs,
         user_outputs=outputs,
@@ -152,7 +153,7 @@ def _stage(
 
 def alltoall_through_one_buffer(
     output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor]
-) -> HostStaging:
+) -> Staging:
     """The list form of alltoall as one ``alltoall_base`` over flat buffers.
 
     Gloo runs only the single-buffer form on some torch builds; its args are
@@ -174,7 +175,7 @@ def alltoall_through_one_buffer(
     for t, n in zip(output_tensors, out_splits, strict=True):
         pairs.append((t, flat_out[offset : offset + n].view(t.shape)))
         offset += n
-    return HostStaging(
+    return Staging(
         args=(flat_out, flat_in, out_splits, [t.numel() for t in input_tensors]),
         outputs=flat_out,
         user_outputs=output_tensors,
@@ -182,7 +183,7 @@ def alltoall_through_one_buffer(
     )
 
 
-def staged_work(work: Work | None, staging: HostStaging) -> Work:
+def staged_work(work: Work | None, staging: Staging) -> Work:
     """`work`, run on `staging`'s copies, as a Work of the caller's own tensors.
 
     A c10d backend that synchronised a blocking op itself returns None (torch
@@ -200,7 +201,7 @@ class StagedWork(Work):
     Copies back once, from whichever of `wait()` or the future finishes first.
     """
 
-    def __init__(self, work: Work, staging: HostStaging) -> None:
+    def __init__(self, work: Work, staging: Staging) -> None:
         super().__init__()
         self._work = work
         self._staging = staging
