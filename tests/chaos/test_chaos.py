@@ -6,7 +6,7 @@ old quorum epoch is reused, every replica that committed a step holds the
 same state after it (per-step digests), nothing hangs past the deadline,
 every replica ends bit-identical, and the oracle's replay of the committed
 history (the participants' batches, averaged as DDP and the Manager do)
-ends where the replicas ended. Faults land in every phase of a step (forward,
+reaches every committed step's digest bit for bit. Faults land in every phase of a step (forward,
 allreduce, commit vote, configure, heal on both sides), on every replica
 (replica 0 included), in one rank of a group, as a SIGSTOP freeze, and
 overlapping. CI runs the short plans; the 100-kill soak is marked slow.
@@ -28,22 +28,8 @@ from torchft_pg.chaos import (
     run_chaos,
 )
 
-# An open library bug: in long runs with many faults the oracle's replay of the
-# committed history sometimes drifts from what every replica holds alike (a small
-# difference in one replica's state before some step, e.g. relative 1e-4 in its
-# loss, then carried by every replica). Reducing into a private buffer (an
-# abandoned Gloo op can no longer write into a later step's DDP bucket) did not
-# remove it. Until it is found, a run whose ONLY failures are oracle replay
-# mismatches is reported as this xfail; every other invariant still fails it.
-ORACLE_DRIFT_BUG = (
-    "open bug: the oracle's replay drifts from the replicas' common state "
-    "(oracle-only mismatch; every other invariant held)"
-)
-
 
 def _check(report: ChaosReport) -> None:
-    if report.failures and all(f.startswith("oracle:") for f in report.failures):
-        pytest.xfail(f"{ORACLE_DRIFT_BUG}: {report.failures[0][:300]}")
     assert report.ok, "\n".join(report.failures)
     assert report.oracle_steps == min(report.final_steps.values())  # the oracle ran
 

@@ -5,11 +5,12 @@ replica agrees."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
 from torchft_pg.chaos.oracle import Batch, CommittedStep, History, check, replay
-from torchft_pg.chaos.workload import FlatState, Workload, flat_state
+from torchft_pg.chaos.workload import REDUCE_DTYPE, FlatState, Workload, flat_state
 
 WORKLOAD = Workload(seed=3, hidden=8)
 
@@ -50,6 +51,20 @@ def _with_losses(history: History) -> History:
     )
 
 
+def _digests(history: History) -> list[str]:
+    """The digest of the state after each step of `history`, as the replay reaches it."""
+    marked = dataclasses.replace(
+        history, steps=tuple(dataclasses.replace(cs, digest="?") for cs in history.steps)
+    )
+    digests: list[str] = []
+
+    def keep(_: CommittedStep, __: object, applied: Any) -> None:
+        digests.append(applied.digest)
+
+    replay(marked, keep)
+    return digests
+
+
 def _replicas_with(history: History) -> dict[str, FlatState]:
     """Three replicas that all ended in the state `history` leads to."""
     state = replay(history)
@@ -64,12 +79,13 @@ def _renumbered(steps: list[CommittedStep]) -> History:
 
 
 def test_the_replay_is_ddp_arithmetic() -> None:
-    """Independently: per-replica gradients, a sum with zeros for healers, a division
-    by the participant count, one Adam step per committed step."""
+    """Independently: per-replica gradients, a sum in REDUCE_DTYPE with zeros for
+    healers, a division by the participant count, one Adam step per committed step;
+    bit for bit."""
     history = _history()
     model, optim = WORKLOAD.build()
     for cs in history.steps:
-        buckets = [torch.zeros_like(p) for p in model.parameters()]
+        buckets = [torch.zeros_like(p, dtype=REDUCE_DTYPE) for p in model.parameters()]
         for replica in range(3):
             if not any(b.replica == replica for b in cs.batches):
                 continue  # a healer's bucket is zeros
@@ -80,13 +96,25 @@ def test_the_replay_is_ddp_arithmetic() -> None:
                 assert p.grad is not None
                 bucket += p.grad
         for bucket, p in zip(buckets, model.parameters(), strict=True):
-            p.grad = bucket / cs.divisor
+            p.grad = (bucket / cs.divisor).to(p.dtype)
         optim.step()
-    want = flat_state(model, optim)
-    got = replay(history)
-    assert sorted(got) == sorted(want)
-    for key in want:
-        assert torch.allclose(torch.tensor(got[key]), torch.tensor(want[key]), atol=1e-6), key
+    assert replay(history) == flat_state(model, optim)
+
+
+def test_a_float64_sum_of_float32_values_is_the_same_in_any_order() -> None:
+    """Why the replay can follow the replicas bit for bit: the ring's order does not
+    matter in REDUCE_DTYPE, where it does in float32."""
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(4096, generator=gen) * 10.0**k for k in (-3, 0, 2, 1)]
+
+    def total(order: list[int], dtype: torch.dtype) -> torch.Tensor:
+        acc = torch.zeros(4096, dtype=dtype)
+        for i in order:
+            acc += values[i].to(dtype)
+        return acc.div_(4).float()
+
+    assert torch.equal(total([0, 1, 2, 3], REDUCE_DTYPE), total([3, 2, 1, 0], REDUCE_DTYPE))
+    assert not torch.equal(total([0, 1, 2, 3], torch.float32), total([3, 2, 1, 0], torch.float32))
 
 
 def test_the_true_history_passes() -> None:
@@ -127,6 +155,32 @@ def test_the_losses_name_the_first_step_that_left_the_history() -> None:
     reported = dataclasses.replace(recorded, steps=before + after)
     verdict = check(reported, _replicas_with(lived))
     assert any(f.startswith("step 4 (e/1): replica 0 reported loss") for f in verdict.failures)
+
+
+def test_the_digests_name_the_first_step_whose_committed_state_is_wrong() -> None:
+    """The replicas counted the healer at step 3 (dividing by 3, not 2) and reported
+    the digests of what they then held: step 3 is named, bit for bit."""
+    recorded = _history()
+    steps = list(recorded.steps)
+    steps[3] = dataclasses.replace(steps[3], divisor=3)
+    lived = _renumbered(steps)
+    reported = dataclasses.replace(
+        recorded,
+        steps=tuple(
+            dataclasses.replace(cs, digest=d)
+            for cs, d in zip(recorded.steps, _digests(lived), strict=True)
+        ),
+    )
+    verdict = check(reported, _replicas_with(lived))
+    assert verdict.failures[0].startswith("step 3 (e/1): the replicas committed a state with")
+    truthful = dataclasses.replace(
+        recorded,
+        steps=tuple(
+            dataclasses.replace(cs, digest=d)
+            for cs, d in zip(recorded.steps, _digests(recorded), strict=True)
+        ),
+    )
+    assert check(truthful, _replicas_with(recorded)).ok
 
 
 def test_a_wrong_divisor_is_caught() -> None:

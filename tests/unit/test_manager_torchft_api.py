@@ -160,3 +160,33 @@ def test_pure_ddp_reduces_each_gradient_and_the_vote_waits_for_them() -> None:
     torch.testing.assert_close(model.weight.grad, local_grad / 2)
     torch.testing.assert_close(model.weight.detach(), before - local_grad / 2)
     manager.shutdown()
+
+
+def test_ddp_reduces_in_reduce_dtype_and_casts_back() -> None:
+    """`reduce_dtype=torch.float64`: the group sees a float64 bucket; the gradients
+    stay float32 and hold the average."""
+    from torchft_pg.ddp import DistributedDataParallel
+
+    with pytest.raises(ValueError, match=r"reduce_dtype must be a floating dtype, got torch.int64"):
+        DistributedDataParallel(
+            make([result(world=2)])[0], torch.nn.Linear(3, 1), reduce_dtype=torch.int64
+        )
+    manager, _, _, pg = make([result(world=2)])
+    model = torch.nn.Linear(3, 1)
+    ddp = DistributedDataParallel(manager, model, reduce_dtype=torch.float64)
+    optim = OptimizerWrapper(manager, torch.optim.SGD(model.parameters(), lr=1.0))
+    optim.zero_grad()
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    ddp(x).sum().backward()
+    assert [t.dtype for t in pg.held[0]] == [torch.float64]
+    for tensors, fut in zip(pg.held, pg.pending, strict=True):
+        for t in tensors:
+            t.mul_(2)  # the peer sent the same bucket
+        fut.set_result(tensors)
+    optim.step()
+    assert model.weight.grad is not None and model.weight.grad.dtype == torch.float32
+    torch.testing.assert_close(model.weight.grad, x)  # (x + x) / 2 participants
+    manager.shutdown()

@@ -178,6 +178,7 @@ class Ledger:
                     batches=tuple(batches),
                     quorum=commit.quorum,
                     grad_norm=commit.grad_norm,
+                    digest=commit.digest,
                 )
             )
         if problems:

@@ -12,14 +12,19 @@ Manager compute it:
 * the allreduce sums every member's bucket, where a healing or spare member
   contributes zeros, and divides by the Manager's number of participants
   (`divisor`; e.g. on a fresh job with `init_sync` every replica counts but
-  only the primary contributes);
+  only the primary contributes). The replicas reduce in `REDUCE_DTYPE`
+  (float64), where the sum of float32 gradients is exact in any order, so the
+  replay computes the bit-identical average;
 * the optimizer then steps once.
 
-The final state must match each replica's within float tolerance (the
-allreduce sums in another order than the replay), and the optimizer's step
-count exactly. Each participant's reported loss is checked against the
-replay's at the same step, which names the first step where a replica's
-state left the committed history. Pure: a function of the recorded history.
+So the replay follows the replicas bit for bit: after every committed step its
+state digest must equal the one the committers reported, which names the
+first step whose committed state is not the committed history's. The final
+state must match each replica's (within float tolerance, a second opinion
+that also names the worst value), and the optimizer's step count exactly.
+Each participant's reported loss and gradient norm, and the applied
+gradient's norm, are checked against the replay's at the same step. Pure: a
+function of the recorded history.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ from dataclasses import dataclass
 
 import torch
 
-from torchft_pg.chaos.workload import FlatState, Workload, flat_state
+from torchft_pg.chaos.workload import (
+    REDUCE_DTYPE,
+    FlatState,
+    Workload,
+    flat_state,
+    state_checksum,
+)
 
 __all__ = ["Batch", "CommittedStep", "History", "Verdict", "check", "replay"]
 
@@ -53,6 +64,15 @@ class _Replayed:
 
 
 @dataclass(frozen=True, kw_only=True)
+class _Applied:
+    """What the replay applied at a step: the averaged gradient's norm, and the
+    digest of the state after it (only where the step carries one to check)."""
+
+    grad_norm: float
+    digest: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class CommittedStep:
     """The update committed as step `step`: the sum of `batches`' gradients over `divisor`."""
 
@@ -61,6 +81,7 @@ class CommittedStep:
     batches: tuple[Batch, ...]
     quorum: str = ""
     grad_norm: float | None = None  # as the replicas reported it: the norm of what they applied
+    digest: str | None = None  # as the replicas reported it: of their state after the step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,19 +125,21 @@ def _validate(history: History) -> list[str]:
 
 
 def replay(
-    history: History, on_step: Callable[[CommittedStep, list[_Replayed], float], None] | None = None
+    history: History,
+    on_step: Callable[[CommittedStep, list[_Replayed], _Applied], None] | None = None,
 ) -> FlatState:
     """The state after applying every committed step to the initial state.
 
-    `on_step(step, replayed, grad_norm)` sees each step's participants' losses
-    and gradient norms, in `batches` order, taken before its update, and the
-    norm of the averaged gradient it applies.
+    `on_step(step, replayed, applied)` sees each step's participants' losses
+    and gradient norms, in `batches` order, taken before its update, and what
+    the update applied (with the state's digest after it where `step.digest`
+    is set).
     """
     w = history.workload
     model, optim = w.build()
     params = list(model.parameters())
     for cs in history.steps:
-        total = [torch.zeros_like(p) for p in params]
+        total = [torch.zeros_like(p, dtype=REDUCE_DTYPE) for p in params]
         replayed = []
         for b in cs.batches:
             model.zero_grad(set_to_none=True)
@@ -131,11 +154,18 @@ def replay(
                 assert g is not None
                 t.add_(g)
         for t, p in zip(total, params, strict=True):
-            p.grad = t.div_(max(cs.divisor, 1))
-        grad_norm = float(torch.cat([t.reshape(-1) for t in total]).norm().item())
+            p.grad = t.div_(max(cs.divisor, 1)).to(p.dtype)
+        grad_norm = float(
+            torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).norm().item()
+        )
         optim.step()
         if on_step is not None:
-            on_step(cs, replayed, grad_norm)
+            digest = (
+                state_checksum(model.state_dict(), optim.state_dict())
+                if cs.digest is not None
+                else None
+            )
+            on_step(cs, replayed, _Applied(grad_norm=grad_norm, digest=digest))
     return flat_state(model, optim)
 
 
@@ -152,7 +182,8 @@ def check(
     Float values must agree within `atol + rtol * |replay|`; the optimizer's
     step counts (keys ending in ``.step``) exactly; each reported loss, and each
     sent and applied gradient's norm, within `loss_rtol` (relative) of the replay's:
-    float noise stays around 1e-6 over a thousand steps.
+    the replay is bit-exact,
+    so these tolerances only absorb the norms being taken in another dtype.
     """
     failures = _validate(history)
     if failures:
@@ -163,8 +194,16 @@ def check(
     first_divergence: list[str] = []
     first_update: list[str] = []
     first_sent: list[str] = []
+    first_state: list[str] = []
 
-    def on_step(cs: CommittedStep, replayed: list[_Replayed], grad_norm: float) -> None:
+    def on_step(cs: CommittedStep, replayed: list[_Replayed], applied: _Applied) -> None:
+        grad_norm = applied.grad_norm
+        if cs.digest is not None and applied.digest != cs.digest and not first_state:
+            first_state.append(
+                f"step {cs.step} ({cs.quorum}): the replicas committed a state with digest "
+                f"{cs.digest}, the committed history gives {applied.digest}: the first step "
+                "whose committed state is not the replay's"
+            )
         if cs.grad_norm is not None:
             err = abs(cs.grad_norm - grad_norm) / max(grad_norm, 1e-6)
             loss_errors.append(err)
@@ -196,6 +235,7 @@ def check(
                     )
 
     expected = replay(history, on_step)
+    failures.extend(first_state)
     failures.extend(first_divergence)
     failures.extend(first_sent)
     failures.extend(first_update)

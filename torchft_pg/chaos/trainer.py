@@ -46,7 +46,7 @@ from torchft_pg.chaos.injection import (
     Phase,
 )
 from torchft_pg.chaos.plan import Fault, FaultPlan
-from torchft_pg.chaos.workload import Workload, flat_state, state_checksum
+from torchft_pg.chaos.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport, PGTransport
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.manager import Manager
@@ -227,7 +227,7 @@ def _train(
     )
     manager.register_state_dict_fn("model", model.load_state_dict, model.state_dict)
     manager.register_state_dict_fn("optim", optim.load_state_dict, optim.state_dict)
-    ddp = DistributedDataParallel(manager, model)
+    ddp = DistributedDataParallel(manager, model, reduce_dtype=REDUCE_DTYPE)
     opt = OptimizerWrapper(manager, optim)
     # Ready only once the group can meet its peers (a Baby child serving), so every
     # first incarnation is live at the lighthouse before the supervisor says go.

@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["FlatState", "Workload", "flat_state", "state_checksum"]
+__all__ = ["REDUCE_DTYPE", "FlatState", "Workload", "flat_state", "state_checksum"]
+
+#: The dtype the replicas' DDP reduces gradients in. The sum of a few float32
+#: gradients in float64 is exact in any order, so the average is bit-identical
+#: whatever order a quorum's ring adds in, and the oracle's replay can follow
+#: the replicas bit for bit. With float32 sums the replay would drift: this
+#: workload (Adam near a zero-loss minimum) amplifies a last-bit difference to
+#: a visibly different state within a few hundred steps.
+REDUCE_DTYPE = torch.float64
 
 #: A model's and optimizer's state as flat lists of floats, keyed
 #: ``model.<parameter>`` and ``optim.<parameter index>.<key>`` (plain data: it
