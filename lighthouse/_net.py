@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import auth, services, validate
+from lighthouse import auth, services, tls, validate
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -125,13 +125,24 @@ def bind_server(
     what: str,
     secret: str | None = None,
     job_id: str | None = None,
+    tls_config: tls.TlsConfig | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An asyncio gRPC server serving ``service`` and bound to ``bind``, not yet
     started; returns it and the bound port. Call on the event loop that will run
-    it. ``OSError`` naming ``what`` if the address cannot be bound."""
+    it. ``OSError`` naming ``what`` if the address cannot be bound.
+
+    With ``tls_config`` the port serves TLS only (``lighthouse.tls``): a
+    plaintext client's connection is closed during the handshake, before any
+    call reaches a handler. ``ValueError`` if it has no certificate and key.
+    """
+    credentials = None if tls_config is None else tls.server_credentials(tls_config, what)
     server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
     server.add_generic_rpc_handlers((method_handlers(service, handlers, secret, job_id),))
-    port: int = server.add_insecure_port(bind)
+    port: int = (
+        server.add_insecure_port(bind)
+        if credentials is None
+        else server.add_secure_port(bind, credentials)
+    )
     if port == 0:
         raise OSError(f"could not bind {what} to {bind!r}")
     return server, port

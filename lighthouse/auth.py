@@ -8,9 +8,9 @@ that does not carry it with UNAUTHENTICATED before the handler runs, so the
 call changes nothing; clients add it to every call. With none set (the
 default, for a job on one machine), calls are not checked.
 
-The secret travels as call metadata in clear text unless the channel uses
-TLS: it keeps out anyone who can reach the ports, not anyone who can read the
-network between the job's hosts.
+The secret travels as call metadata in clear text unless the job turns TLS
+on (``lighthouse.tls``): without TLS it keeps out anyone who can reach the
+ports, not anyone who can read the network between the job's hosts.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import grpc
+
+from lighthouse import tls
 
 __all__ = [
     "HTTP_HEADER",
@@ -186,10 +188,22 @@ class _SyncMetadata(
 
 
 def sync_channel(
-    addr: str, options: Any, secret: str | None, job_id: str | None = None
+    addr: str,
+    options: Any,
+    secret: str | None,
+    job_id: str | None = None,
+    tls_config: tls.TlsConfig | None = None,
 ) -> grpc.Channel:
-    """A blocking channel to `addr` whose every call carries `secret` and `job_id` (if set)."""
-    channel = grpc.insecure_channel(addr, options=options)
+    """A blocking channel to `addr` whose every call carries `secret` and `job_id` (if set),
+    over TLS verified against `tls_config`'s CA if given (see ``lighthouse.tls``)."""
+    if tls_config is None:
+        channel = grpc.insecure_channel(addr, options=options)
+    else:
+        channel = grpc.secure_channel(
+            addr,
+            tls.channel_credentials(tls_config),
+            options=[*options, *tls.channel_options(tls_config)],
+        )
     extra = call_metadata(secret, job_id)
     if extra is None:
         return channel

@@ -15,6 +15,7 @@ from lighthouse import auth, services, validate, wire
 from lighthouse._calls import call_with_retries
 from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.errors import FaultToleranceError, LighthouseUnavailableError
+from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import Quorum, QuorumMember
 
 __all__ = ["LighthouseClient"]
@@ -26,6 +27,8 @@ class LighthouseClient:
     ``connect_timeout``: how long an unreachable lighthouse is retried per call.
     ``job_secret``, ``job_id``: the job's secret and id (default: from the
     environment, see ``lighthouse.auth``), sent with every call.
+    ``tls``: verify the lighthouse's TLS certificate against this CA (default:
+    from the environment, see ``lighthouse.tls``; none set: plaintext).
     """
 
     def __init__(
@@ -35,6 +38,7 @@ class LighthouseClient:
         *,
         job_secret: str | None = None,
         job_id: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self._addr = normalize_address(addr)
         self._connect_s = validate.timeout_seconds("connect_timeout", connect_timeout)
@@ -43,6 +47,7 @@ class LighthouseClient:
             CHANNEL_OPTIONS,
             auth.resolve_job_secret(job_secret),
             auth.resolve_job_id(job_id),
+            tls if tls is not None else resolve_tls(),
         )
         self._quorum = stub(self._channel, services.LIGHTHOUSE_QUORUM)
         self._heartbeat = stub(self._channel, services.LIGHTHOUSE_HEARTBEAT)

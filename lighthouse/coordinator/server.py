@@ -33,6 +33,7 @@ from lighthouse.coordinator.quorum import (
     QuorumConfig,
 )
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
+from lighthouse.tls import TlsConfig, resolve_tls
 
 log = logging.getLogger("lighthouse")
 
@@ -103,6 +104,9 @@ class LighthouseServer:
             FAILED_PRECONDITION, so two jobs never merge into one quorum.
         quarantine_base_ms: the first quarantine's length in milliseconds
             (doubled per repeat, at most 600 s); None = 30_000.
+        tls: serve gRPC over TLS with this certificate (default: from
+            ``$TORCHFT_TLS_CERT``/``$TORCHFT_TLS_KEY``, see ``lighthouse.tls``;
+            neither set: plaintext). The status page stays plain HTTP.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -127,6 +131,7 @@ class LighthouseServer:
         *,
         job_secret: str | None = None,
         job_id: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
@@ -157,6 +162,7 @@ class LighthouseServer:
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
         self._job_secret = auth.resolve_job_secret(job_secret)
         self.job_id = auth.resolve_job_id(job_id)
+        self._tls = tls if tls is not None else resolve_tls()
         bind_host, _ = split_host_port(bind, "bind")
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
@@ -205,6 +211,7 @@ class LighthouseServer:
             what="the lighthouse",
             secret=self._job_secret,
             job_id=self.job_id,
+            tls_config=self._tls,
         )
         await server.start()
         self._server = server
@@ -250,6 +257,11 @@ class LighthouseServer:
     def requires_job_secret(self) -> bool:
         """Whether calls must present the job secret (see ``lighthouse.auth``)."""
         return self._job_secret is not None
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS configuration gRPC is served with (None: plaintext)."""
+        return self._tls
 
     def address(self) -> str:
         """``http://host:port`` (``http://[v6]:port``) for clients, as torchft's

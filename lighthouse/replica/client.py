@@ -23,6 +23,7 @@ from lighthouse import auth, services, validate, wire
 from lighthouse._calls import call_with_retries
 from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.errors import ManagerUnavailableError
+from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import FailureNotice, ManagerQuorumRequest, QuorumResult
 
 __all__ = ["FailureSubscription", "ManagerClient"]
@@ -94,6 +95,8 @@ class ManagerClient:
     ``connect_timeout``: how long an unreachable manager server is retried per call.
     ``job_secret``: the job's secret (default: from the environment, see
     ``lighthouse.auth``), sent with every call.
+    ``tls``: verify the manager server's TLS certificate against this CA
+    (default: from the environment, see ``lighthouse.tls``; none set: plaintext).
     """
 
     def __init__(
@@ -102,11 +105,15 @@ class ManagerClient:
         connect_timeout: timedelta = timedelta(seconds=10),
         *,
         job_secret: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self._addr = normalize_address(addr)
         self._connect_s = validate.timeout_seconds("connect_timeout", connect_timeout)
         self._channel = auth.sync_channel(
-            self._addr, CHANNEL_OPTIONS, auth.resolve_job_secret(job_secret)
+            self._addr,
+            CHANNEL_OPTIONS,
+            auth.resolve_job_secret(job_secret),
+            tls_config=tls if tls is not None else resolve_tls(),
         )
         self._quorum = stub(self._channel, services.MANAGER_QUORUM)
         self._metadata = stub(self._channel, services.MANAGER_CHECKPOINT_METADATA)

@@ -37,6 +37,7 @@ from lighthouse.errors import (
     QuorumTimeoutError,
 )
 from lighthouse.replica.silence import Silences
+from lighthouse.tls import TlsConfig, channel_credentials, channel_options
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
 log = logging.getLogger("lighthouse.manager")
@@ -47,6 +48,8 @@ RETRY_FAST_FOR_S = 1.0  # how long an outage is retried at the fast pace (second
 RETRY_MAX_S = 0.5  # the slowest pace (seconds between attempts)
 # A channel of its own: a fresh channel must not inherit the backoff of a shared subchannel.
 _LINK_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+# A method no server serves: calling it reads a channel's last connection error.
+_PROBE_METHOD = "/torchft_pg.LighthouseService/ConnectionProbe"
 
 
 def retry_delay(down_s: float, previous_s: float) -> float:
@@ -64,6 +67,8 @@ class LighthouseLink:
     unreachable lighthouse is waited for (start-up) or retried (quorum);
     ``retries``: extra attempts after other quorum failures. ``on_stream(open)``
     is called on the loop after the liveness stream opens (True) or breaks (False).
+    ``tls``: reach the lighthouse over TLS, verifying its certificate against
+    this CA (None: plaintext; see ``lighthouse.tls``).
     """
 
     def __init__(
@@ -77,8 +82,10 @@ class LighthouseLink:
         on_stream: Callable[[bool], None] | None = None,
         job_secret: str | None = None,
         job_id: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.replica_id = replica_id
+        self._tls = tls
         # The job secret, sent with both streams' calls (see lighthouse.auth).
         self._call_metadata = auth.call_metadata(job_secret, job_id)
         self._lh_addr = addr
@@ -112,7 +119,14 @@ class LighthouseLink:
 
     def _dial(self) -> None:
         """A new channel to the lighthouse, and the stubs on it."""
-        self._channel = grpc.aio.insecure_channel(self._lh_addr, options=_LINK_CHANNEL_OPTIONS)
+        if self._tls is None:
+            self._channel = grpc.aio.insecure_channel(self._lh_addr, options=_LINK_CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.secure_channel(
+                self._lh_addr,
+                channel_credentials(self._tls),
+                options=[*_LINK_CHANNEL_OPTIONS, *channel_options(self._tls)],
+            )
         self._lh_quorum_stream = stub(self._channel, services.LIGHTHOUSE_QUORUM_STREAM)
         self._lh_liveness = stub(self._channel, services.LIGHTHOUSE_LIVENESS)
 
@@ -149,10 +163,11 @@ class LighthouseLink:
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
         except asyncio.TimeoutError:
+            why = await self._why_unreachable()
             await self._channel.close()
             raise LighthouseUnavailableError(
                 f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
-                f"{self._connect_s:g} s"
+                f"{self._connect_s:g} s" + (f": {why}" if why else "")
             ) from None
         self._qlock = asyncio.Lock()
         self._opened = asyncio.Event()
@@ -171,6 +186,22 @@ class LighthouseLink:
                 f"connect_timeout {self._connect_s:g} s"
                 + (f" (it answered {self._refusal})" if self._refusal else "")
             ) from None
+
+    async def _why_unreachable(self) -> str:
+        """The channel's last connection error (a refused connection, a failed TLS
+        handshake), or "" if it does not say within a second.
+
+        Asked with a call to a method no server serves: on a channel that cannot
+        connect it fails at once with that error; one that connected meanwhile
+        answers UNIMPLEMENTED, so the call never reaches a handler.
+        """
+        probe = self._channel.unary_unary(_PROBE_METHOD)
+        try:
+            await probe(b"", timeout=1.0)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return exc.details() or ""
+        return ""
 
     @property
     def open_generation(self) -> int | None:

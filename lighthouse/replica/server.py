@@ -43,6 +43,7 @@ from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.rounds import QuorumRounds
+from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall
 
 __all__ = ["ManagerServer"]
@@ -79,6 +80,10 @@ class ManagerServer:
             UNAUTHENTICATED, and the link to the lighthouse presents it.
         job_id: the job this replica belongs to (default: ``$TORCHFT_JOB_ID``),
             sent to the lighthouse, which refuses another job's replicas.
+        tls: the job's TLS files (default: from the environment, see
+            ``lighthouse.tls``; none set: plaintext): this server serves TLS
+            with its certificate, and the link verifies the lighthouse's
+            certificate against its CA.
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class ManagerServer:
         allow_kill: bool = False,
         job_secret: str | None = None,
         job_id: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         validate.check_replica_id(replica_id)
         if world_size < 1:
@@ -116,6 +122,7 @@ class ManagerServer:
         self._allow_kill = allow_kill or on_kill is not None
         self._on_kill = on_kill or _exit_process
         self._job_secret = auth.resolve_job_secret(job_secret)
+        self._tls = tls if tls is not None else resolve_tls()
         bind_host, _ = split_host_port(bind, "bind")
         self._host = advertised_host(bind_host, hostname)
         self._lease = LeaseHolder()
@@ -132,6 +139,7 @@ class ManagerServer:
             self._on_stream,
             job_secret=self._job_secret,
             job_id=auth.resolve_job_id(job_id),
+            tls=self._tls,
         )
         self._rounds = QuorumRounds(
             replica_id=replica_id,
@@ -163,6 +171,7 @@ class ManagerServer:
             keepalive_ms=5000,
             what="the manager server",
             secret=self._job_secret,
+            tls_config=self._tls,
         )
         self._server = server
         results = await asyncio.gather(self._link.connect(), server.start(), return_exceptions=True)
@@ -188,6 +197,11 @@ class ManagerServer:
     def job_secret(self) -> str | None:
         """The secret this server requires of its callers (None: no check)."""
         return self._job_secret
+
+    @property
+    def tls(self) -> TlsConfig | None:
+        """The TLS configuration of this server and its link (None: plaintext)."""
+        return self._tls
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
