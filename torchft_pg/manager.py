@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
-from torch._C._distributed_c10d import ReduceOp, Work
+from torch._C._distributed_c10d import AllgatherOptions, ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import (
@@ -57,6 +57,7 @@ from torchft_pg.participation import (
     participation,
 )
 from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.quantization import Quantization, encode, sum_encoded
 from torchft_pg.work import ManagedWork, completed_work
 
 __all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "Manager", "QuorumTimings", "WorldSizeMode"]
@@ -422,20 +423,30 @@ class Manager:
         tensor: torch.Tensor,
         should_quantize: bool = False,
         reduce_op: ReduceOp | ReduceOp.RedOpType = ReduceOp.AVG,
+        *,
+        quantization: Quantization | str = Quantization.INT8,
     ) -> Work:
-        """Allreduce `tensor` across participating replicas; never raises.
+        """Allreduce `tensor` across participating replicas; never raises on a failure.
 
         AVG divides by the number of participants (floating tensors only); a
         healing or spare replica contributes zeros. On any failure the tensor
         is left as is, the error is reported and this step's vote becomes no.
+
+        `should_quantize`: send each contribution as `quantization` ("int8"
+        with per-chunk scales, or "bf16"; see `torchft_pg.quantization`) and
+        sum in float32; SUM or AVG of floating tensors only. Bad arguments
+        raise ValueError at once.
         """
-        if should_quantize:
-            raise NotImplementedError("quantized allreduce is not supported")
-        if self._errored is not None:
-            return completed_work(tensor)
         average = reduce_op == ReduceOp.AVG
         if average and not tensor.is_floating_point():
             raise ValueError(f"AVG allreduce needs a floating tensor, got dtype {tensor.dtype}")
+        scheme = Quantization.parse(quantization) if should_quantize else None
+        if scheme is not None and not (average or reduce_op == ReduceOp.SUM):
+            raise ValueError(f"a quantized allreduce sums or averages, got reduce_op {reduce_op}")
+        if scheme is not None and not tensor.is_floating_point():
+            raise ValueError(f"a quantized allreduce needs a floating tensor, got {tensor.dtype}")
+        if self._errored is not None:
+            return completed_work(tensor)
         try:
             self.wait_quorum()
             # The backend reduces a private copy: an op a failure notice abandoned
@@ -444,19 +455,24 @@ class Manager:
             # The result reaches `tensor` only through `finish`, which an abort skips.
             private = tensor.clone() if self.is_participating() else torch.zeros_like(tensor)
             divisor = max(self.num_participants(), 1)
-            op = ReduceOp(ReduceOp.SUM) if average else reduce_op
-            if not isinstance(
-                op, ReduceOp
-            ):  # a RedOpType (ReduceOp.MAX); c10d also passes ReduceOp
-                op = ReduceOp(op)
-            work = self._pg.allreduce([private], op)
+            if scheme is not None:
+                work, reduced = self._quantized_sum(private, scheme)
+            else:
+                op = ReduceOp(ReduceOp.SUM) if average else reduce_op
+                if not isinstance(op, ReduceOp):  # a RedOpType; c10d also passes ReduceOp
+                    op = ReduceOp(op)
+                work = self._pg.allreduce([private], op)
+
+                def reduced() -> torch.Tensor:
+                    return private  # the op wrote it in place
+
             source = work.get_future()
         except Exception as e:
             self.report_error(e)
             return completed_work(tensor)
 
         def finish(_: Any) -> torch.Tensor:
-            tensor.copy_(private)
+            tensor.copy_(reduced())
             return tensor.div_(divisor) if average else tensor
 
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
@@ -467,6 +483,20 @@ class Manager:
         if errored is not None:  # a failure notice raced with our submit
             proxy.abort(errored.original_exception)
         return ManagedWork(proxy)
+
+    def _quantized_sum(
+        self, contribution: torch.Tensor, scheme: Quantization
+    ) -> tuple[Work, Callable[[], torch.Tensor]]:
+        """Allgather every member's encoded `contribution`; once done, the float32 sum
+        (shaped like it), added in rank order so that every member gets the same bits."""
+        encoded = encode(contribution, scheme)
+        gathered = [torch.empty_like(encoded) for _ in range(self._pg.size())]
+        work = self._pg.allgather([gathered], [encoded], AllgatherOptions())
+
+        def total() -> torch.Tensor:
+            return sum_encoded(gathered, contribution.numel(), scheme).view(contribution.shape)
+
+        return work, total
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         """Vote on this step with every rank of the group; True means apply it.

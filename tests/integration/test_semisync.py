@@ -8,7 +8,7 @@ process pays torch's first-optimizer import, seconds, once):
 0. the 4 processes form a default process group, as the ranks of one replica
    group, and build a `DistributedSampler` from it;
 1. processes 0-2 run LocalSGD and DiLoCo (one fragment; two fragments with a
-   sync delay and mixing) as 3 groups, each configuration against a fresh
+   sync delay and mixing; two with int8 pseudo-gradients) as 3 groups, each configuration against a fresh
    lighthouse; the tests replay the same training with plain torch (every
    group's inner steps, the mean over the groups, the outer step) and compare
    parameters, global (backup) parameters and outer momentum;
@@ -37,6 +37,7 @@ from torchft_pg import ProcessGroupGloo
 from torchft_pg.data import DistributedSampler
 from torchft_pg.local_sgd import DiLoCo, LocalSGD
 from torchft_pg.manager import Manager
+from torchft_pg.quantization import Quantization, encode, sum_encoded
 
 TIMEOUT = timedelta(seconds=20)
 GROUPS = 3
@@ -113,6 +114,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "alpha": 0.25,
         "steps": 10,
     },
+    "diloco_int8": {
+        "fragments": 2,
+        "sync_every": 4,
+        "delay": 1,
+        "alpha": 0.0,
+        "steps": 8,
+        "quantization": "int8",
+    },
 }
 
 
@@ -143,6 +152,8 @@ def _train(lighthouse: str, group: int, name: str, cfg: dict[str, Any]) -> dict[
                 sync_every=cfg["sync_every"],
                 fragment_sync_delay=cfg["delay"],
                 fragment_update_alpha=cfg["alpha"],
+                should_quantize="quantization" in cfg,
+                quantization=cfg.get("quantization", "int8"),
             )
         with wrapper:
             for t in range(cfg["steps"]):
@@ -174,6 +185,16 @@ def replay_local_sgd(sync_every: int, steps: int) -> list[torch.Tensor]:
     return [p.detach() for p in models[0].parameters()]
 
 
+def mean_of(parts: list[torch.Tensor], quantization: str | None) -> torch.Tensor:
+    """The groups' average as the allreduce computes it: exact, or each part
+    encoded, decoded and summed in group (rank) order."""
+    if quantization is None:
+        return torch.stack(parts).mean(0)
+    scheme = Quantization(quantization)
+    total = sum_encoded([encode(p, scheme) for p in parts], parts[0].numel(), scheme)
+    return total.view(parts[0].shape) / len(parts)
+
+
 def replay_diloco(cfg: dict[str, Any]) -> dict[str, Any]:
     """Every group's inner steps, then each fragment's outer step on the mean pseudo-gradient."""
     n, delay, alpha = cfg["fragments"], cfg["delay"], cfg["alpha"]
@@ -192,7 +213,7 @@ def replay_diloco(cfg: dict[str, Any]) -> dict[str, Any]:
         if local == interval - delay:
             f = step % n
             pseudo = [
-                torch.stack([g.detach() - p.detach() for p in ps]).mean(0)
+                mean_of([g.detach() - p.detach() for p in ps], cfg.get("quantization"))
                 for g, *ps in zip(glob[f], *(fr[f].parameters() for fr in frags), strict=True)
             ]
             pending = (f, pseudo)
@@ -235,7 +256,7 @@ def test_local_sgd_matches_the_replayed_math(job: list[dict[str, Any]]) -> None:
         assert r["params"] == results[0]["params"]
 
 
-@pytest.mark.parametrize("name", ["diloco_one_fragment", "diloco_two_fragments"])
+@pytest.mark.parametrize("name", ["diloco_one_fragment", "diloco_two_fragments", "diloco_int8"])
 def test_diloco_matches_the_replayed_math(job: list[dict[str, Any]], name: str) -> None:
     cfg = CONFIGS[name]
     expected = replay_diloco(cfg)

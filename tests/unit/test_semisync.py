@@ -470,7 +470,11 @@ def test_healing_replica_takes_the_backup_and_outer_state() -> None:
             ValueError,
             r"fragment_update_alpha must be in \[0, 1\], got 1.5",
         ),
-        ({"should_quantize": True}, NotImplementedError, "should_quantize=False"),
+        (
+            {"should_quantize": True, "quantization": "fp4"},
+            ValueError,
+            r"quantization must be one of \['int8', 'bf16'\], got 'fp4'",
+        ),
         ({"bucket_cap_mb": 0}, ValueError, "bucket_cap_mb must be > 0, got 0"),
         ({"outer": 3}, ValueError, "got 3 outer optimizers for 2 model fragments"),
         (

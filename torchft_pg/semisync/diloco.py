@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchft_pg.quantization import Quantization
 from torchft_pg.semisync.fragment import Fragment
 from torchft_pg.semisync.local_sgd import StepHooks, check_sync_every
 
@@ -57,11 +58,15 @@ class DiLoCo(StepHooks):
         pin_memory: pin a CPU backup when CUDA is available.
         use_bucketization: allreduce the pseudo-gradients in flat buckets of at
             most `bucket_cap_mb` MiB (default 1024) instead of one per parameter.
-        should_quantize: not supported; True raises NotImplementedError.
+        should_quantize: send the pseudo-gradients in a lower precision
+            (`quantization`: "int8" with per-chunk scales, the default, or
+            "bf16") and sum them in float32; see `torchft_pg.quantization`.
         fragment_sync_delay: inner steps between starting a fragment's
             allreduce and its sync point; less than ``sync_every / len(model_fragments)``.
         fragment_update_alpha: after a sync, parameters are
             ``(1 - alpha) * global + alpha * local``; in [0, 1].
+        quantization: the encoding `should_quantize` uses (keyword only; not
+            in torchft, which has one fixed scheme).
 
     A sync is one Manager step. The backup starts as the parameters at
     construction, so every group must construct DiLoCo from the same weights
@@ -82,6 +87,8 @@ class DiLoCo(StepHooks):
         should_quantize: bool = False,
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
+        *,
+        quantization: Quantization | str = Quantization.INT8,
     ) -> None:
         super().__init__(inner_optimizer)
         fragments = list(model_fragments)
@@ -90,7 +97,8 @@ class DiLoCo(StepHooks):
             if isinstance(outer_optimizer, torch.optim.Optimizer)
             else list(outer_optimizer)
         )
-        _check(manager, fragments, outers, sync_every, should_quantize)
+        _check(manager, fragments, outers, sync_every)
+        scheme = Quantization.parse(quantization) if should_quantize else None
         n = len(fragments)
         self._sync_every = sync_every // n  # inner steps between two fragment syncs
         if (
@@ -125,6 +133,7 @@ class DiLoCo(StepHooks):
                 pin_memory=pin_memory,
                 bucket_bytes=int(bucket_mb * 1024 * 1024) if bucketize else None,
                 fragment_update_alpha=float(fragment_update_alpha),
+                quantization=scheme,
             )
             for i, module in enumerate(fragments)
         ]
@@ -168,14 +177,7 @@ def _check(
     fragments: list[torch.nn.Module],
     outers: list[torch.optim.Optimizer],
     sync_every: int,
-    should_quantize: bool,
 ) -> None:
-    if should_quantize:
-        raise NotImplementedError(
-            "DiLoCo(should_quantize=True): quantized pseudo-gradient allreduce is not "
-            "implemented in torchft_pg (Manager.allreduce has no quantized path); "
-            "pass should_quantize=False"
-        )
     if manager._use_async_quorum:
         raise ValueError(
             "DiLoCo needs a synchronous quorum: construct the Manager with use_async_quorum=False"

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._C._distributed_c10d import Work
 
+from torchft_pg.quantization import Quantization
 from torchft_pg.semisync._tensors import Bucket, like_param, local_view, pack
 
 if TYPE_CHECKING:
@@ -49,12 +50,14 @@ class Fragment:
         pin_memory: bool,
         bucket_bytes: int | None,
         fragment_update_alpha: float,
+        quantization: Quantization | None = None,
     ) -> None:
         self._manager = manager
         self._index = index
         self._outer_optimizer = outer_optimizer
         self._alpha = fragment_update_alpha
         self._bucket_bytes = bucket_bytes  # None: one allreduce per parameter
+        self._quantization = quantization  # None: full precision
         self.named_params: list[tuple[str, torch.nn.Parameter]] = list(module.named_parameters())
         device = backup_device if backup_device is not None else torch.device("cpu")
         pin = pin_memory and device.type == "cpu" and torch.cuda.is_available()
@@ -122,10 +125,17 @@ class Fragment:
                 for name, p in self.named_params
             ]
         if self._bucket_bytes is None:
-            self._works = [self._manager.allreduce(g) for g in self._pseudo_grads]
+            self._works = [self._allreduce(g) for g in self._pseudo_grads]
         else:
             self._buckets = pack(self._pseudo_grads, self._bucket_bytes)
-            self._works = [self._manager.allreduce(b.buffer) for b in self._buckets]
+            self._works = [self._allreduce(b.buffer) for b in self._buckets]
+
+    def _allreduce(self, tensor: torch.Tensor) -> Work:
+        if self._quantization is None:
+            return self._manager.allreduce(tensor)
+        return self._manager.allreduce(
+            tensor, should_quantize=True, quantization=self._quantization
+        )
 
     def finish_sync(self) -> bool:
         """Wait for the allreduce, vote, and on a commit step the outer optimizer.
