@@ -22,6 +22,7 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUORUM_TICK_MS,
 )
 from lighthouse.coordinator.server import LighthouseServer
+from lighthouse.tls import resolve_tls
 
 DEFAULT_BIND = "[::]:29510"
 DEFAULT_HTTP_BIND = "[::]:29511"
@@ -108,6 +109,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="the job this lighthouse serves: replicas of another job (or of none) are "
         "refused, so two jobs never merge; default: $TORCHFT_JOB_ID, else no check",
     )
+    p.add_argument(
+        "--tls-cert",
+        default=None,
+        help="PEM certificate to serve gRPC over TLS with; it must name the host clients dial "
+        "(subjectAltName); default: $TORCHFT_TLS_CERT, else plaintext",
+    )
+    p.add_argument(
+        "--tls-key",
+        default=None,
+        help="PEM private key of --tls-cert; default: $TORCHFT_TLS_KEY",
+    )
+    p.add_argument(
+        "--tls-ca",
+        default=None,
+        help="PEM CA bundle the job's clients verify servers with (the lighthouse only "
+        "checks it is readable); default: $TORCHFT_TLS_CA, else the certificate itself",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -149,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             quarantine_base_ms=args.quarantine_base_ms,
             job_secret=secret,
             job_id=args.job_id,
+            tls=resolve_tls(args.tls_cert, args.tls_key, args.tls_ca),
         )
     except (ValueError, OSError) as exc:
         print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)
@@ -159,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"lighthouse listening on {server.address()} (epoch {server.epoch})"
         f" status {server.http_address() or 'disabled'}"
-        f" job secret {'required' if server.requires_job_secret else 'not set: calls unchecked'}",
+        f" job secret {'required' if server.requires_job_secret else 'not set: calls unchecked'}"
+        f" {'TLS on' if server.tls is not None else 'TLS off'}",
         flush=True,
     )
     while not stop.wait(timeout=1.0):

@@ -32,6 +32,7 @@ from email.message import Message
 import torch
 
 from lighthouse import auth
+from lighthouse.tls import TlsConfig, client_ssl_context, https_connection
 from torchft_pg.checkpointing.http_server import NOT_SERVED_HEADER, SERVED_STEP_HEADER
 from torchft_pg.checkpointing.layout import (
     Digest,
@@ -83,7 +84,8 @@ class ChunkFetcher:
     `peer` names the sender in errors. Each request tells the server how long it
     may wait for the checkpoint (``wait_ms``, the time left); every socket
     operation is bounded by the time left plus a 0.25 s grace, so a receive
-    fails at most that long after its deadline.
+    fails at most that long after its deadline. With `tls` every request is
+    HTTPS, the peer's certificate verified against the job's CA.
     """
 
     def __init__(
@@ -95,7 +97,11 @@ class ChunkFetcher:
         deadline: Deadline,
         peer: str,
         job_secret: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
+        self.tls = tls
+        # One context for every connection of this receive (loading the CA costs ~1 ms).
+        self._tls_context = None if tls is None else client_ssl_context(tls)
         self.host, self.port, self.prefix, self.step = host, port, prefix, step
         self.deadline, self.peer = deadline, peer
         # Sent with every request when the job has a secret (see lighthouse.auth).
@@ -129,7 +135,7 @@ class ChunkFetcher:
             left = self._time_left()
             wait_ms = max(1, math.ceil(left * 1000))
             target = f"{self.prefix}{self.step}/{path}{sep}wait_ms={wait_ms}"
-            conn = http.client.HTTPConnection(self.host, self.port, timeout=left + _GRACE_S)
+            conn = self._connection(left + _GRACE_S)
             try:
                 conn.request("GET", target, headers=self.headers)
                 sock = (
@@ -150,11 +156,18 @@ class ChunkFetcher:
                 raise self._timed_out(f"; the peer did not serve it (HTTP 503: {body})")
             raise self._refused(resp, target, path, body)
 
+    def _connection(self, timeout_s: float) -> http.client.HTTPConnection:
+        """A connection to the peer (not yet open), HTTPS if the job uses TLS;
+        socket operations time out after `timeout_s` seconds."""
+        if self.tls is None or self._tls_context is None:
+            return http.client.HTTPConnection(self.host, self.port, timeout=timeout_s)
+        return https_connection(self.host, self.port, timeout_s, self.tls, self._tls_context)
+
     def _refused(
         self, resp: http.client.HTTPResponse, target: str, path: str, body: str
     ) -> CheckpointHTTPError:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        url = f"http://{host}:{self.port}{target}"
+        url = f"{'http' if self.tls is None else 'https'}://{host}:{self.port}{target}"
         served = resp.getheader(SERVED_STEP_HEADER)
         if resp.status == 400 and served is not None and served.lstrip("-").isdigit():
             message = (

@@ -23,6 +23,10 @@ Answers other than 200:
   `NOT_SERVED_HEADER` header: the receiver may ask again while its own timeout
   lasts), or the server shuts down (without it);
 * ``500`` — an unexpected error on the server.
+
+With an ``ssl.SSLContext`` the server speaks HTTPS only. The TLS handshake
+runs on the request's own thread, bounded by the server timeout, so a client
+that never completes it (or speaks plain HTTP) holds up nobody else.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import socketserver
+import ssl
 import threading
 import time
 import urllib.parse
@@ -77,7 +82,8 @@ class CheckpointServer(ThreadingHTTPServer):
     `timeout_s` (seconds) is the socket timeout for a stalled receiver and
     the longest a request waits for the gate to open. `streaming` maps each
     chunk transfer's connection to the checkpoint it sends, so the owner can
-    cut transfers off (`cut_streams`).
+    cut transfers off (`cut_streams`). With `tls_context` every connection
+    is HTTPS (the handshake on the request's thread, see the module docstring).
     """
 
     daemon_threads = True
@@ -90,7 +96,9 @@ class CheckpointServer(ThreadingHTTPServer):
         gate: ServingGate[Packed],
         timeout_s: float,
         job_secret: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
+        self.tls_context = tls_context
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.job_secret = job_secret  # every request must present it (None: unchecked)
         self.gate = gate
@@ -109,6 +117,16 @@ class CheckpointServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         return len(stale)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        if self.tls_context is None:
+            return sock, addr
+        # The handshake waits for the client: not here on the accept loop, but on the
+        # request's thread (`_Handler.handle`).
+        return self.tls_context.wrap_socket(
+            sock, server_side=True, do_handshake_on_connect=False
+        ), addr
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind calls socket.getfqdn(), a DNS lookup we do not need.
@@ -153,6 +171,20 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.connection.settimeout(self.server.timeout_s)
+
+    def handle(self) -> None:
+        if isinstance(self.connection, ssl.SSLSocket):
+            try:
+                self.connection.do_handshake()
+            except (ssl.SSLError, OSError) as exc:
+                logger.warning(
+                    "checkpoint request from %s: TLS handshake failed (%s)",
+                    self.address_string(),
+                    exc,
+                )
+                self.close_connection = True
+                return
+        super().handle()
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):

@@ -41,6 +41,13 @@ receiver stalled mid-transfer is also cut off by the socket timeout. (A healer
 in the sender's quorum still holds up the sender's allreduces until it has
 healed, as it joins them only then; that is the collective, not serving.)
 
+With TLS configured (``tls``, else ``TORCHFT_TLS_CERT``/``TORCHFT_TLS_KEY``/
+``TORCHFT_TLS_CA``, see ``lighthouse.tls``) the server speaks HTTPS only, the
+address is ``https://...``, and receives verify the sender's certificate
+against the job's CA; a receiver and a sender that disagree on TLS fail with a
+`ValueError` saying so. The advertised host must then be a name or address
+the sender's certificate carries.
+
 The advertised address is configurable: torchft advertised
 `socket.gethostname()`, which resolved to the wrong network on multi-fabric
 clusters. Pass `advertise_host` (the address of the NIC heals should use).
@@ -59,6 +66,7 @@ from typing import Generic, TypeVar
 import torch
 
 from lighthouse import auth
+from lighthouse.tls import TlsConfig, resolve_tls, server_ssl_context
 from torchft_pg.checkpointing.gate import ServingGate
 from torchft_pg.checkpointing.http_fetch import CheckpointTimeoutError, ChunkFetcher
 from torchft_pg.checkpointing.http_server import MAX_CHUNKS, CheckpointServer
@@ -131,6 +139,10 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             file in ``$TORCHFT_JOB_SECRET_FILE``): every request must present
             it (401 otherwise) and every fetch sends it; None and no
             environment leave the server unchecked.
+        tls: the job's TLS files (default: ``$TORCHFT_TLS_CERT``,
+            ``$TORCHFT_TLS_KEY``, ``$TORCHFT_TLS_CA``, see ``lighthouse.tls``):
+            the server speaks HTTPS with the certificate, and fetches verify
+            the sender against the CA; none set: plain HTTP.
     """
 
     def __init__(
@@ -142,11 +154,13 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         state_dict: Callable[[], T] | None = None,
         *,
         job_secret: str | None = None,
+        tls: TlsConfig | None = None,
     ) -> None:
         self._timeout_s = to_timedelta(timeout).total_seconds()
         # Required of every request and sent with every fetch (default: from the
         # environment, see lighthouse.auth); None leaves the server unchecked.
         self._job_secret = auth.resolve_job_secret(job_secret)
+        self._tls = tls if tls is not None else resolve_tls()
         if type(num_chunks) is not int:
             raise TypeError(
                 f"num_chunks must be an int, got {type(num_chunks).__name__} {num_chunks!r:.100}"
@@ -169,7 +183,11 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         self._sent: SentCheckpoint[T] | None = None
         self._send_lock = threading.Lock()
         self._server = CheckpointServer(
-            (bind_host, 0), self._gate, self._timeout_s, self._job_secret
+            (bind_host, 0),
+            self._gate,
+            self._timeout_s,
+            self._job_secret,
+            None if self._tls is None else server_ssl_context(self._tls, "the checkpoint server"),
         )
         self._host = advertise_host or default_advertise_host(bind_host)
         self._port = int(self._server.server_address[1])
@@ -187,12 +205,14 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         return self._port
 
     def address(self) -> str:
-        """The URL prefix this server serves checkpoints under: ``http://host:port/checkpoint/``.
+        """The URL prefix this server serves checkpoints under: ``http://host:port/checkpoint/``
+        (``https://`` with TLS).
 
         The host is the advertised one (`advertise_host`); an IPv6 host is in brackets.
         """
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self._port}/checkpoint/"
+        scheme = "http" if self._tls is None else "https"
+        return f"{scheme}://{host}:{self._port}/checkpoint/"
 
     def metadata(self) -> str:
         """What a receiver passes to `recv_checkpoint`: the same URL as `address()`."""
@@ -271,8 +291,26 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         check_step(step)
         budget = to_timedelta(timeout, allow_zero=True)
         url = urllib.parse.urlsplit(metadata)
-        if url.scheme != "http" or not url.hostname or not url.port or not url.path.endswith("/"):
-            raise ValueError(f"metadata must be 'http://host:port/checkpoint/', got {metadata!r}")
+        scheme = "http" if self._tls is None else "https"
+        if (
+            url.scheme not in ("http", "https")
+            or not url.hostname
+            or not url.port
+            or not url.path.endswith("/")
+        ):
+            raise ValueError(
+                f"metadata must be '{scheme}://host:port/checkpoint/', got {metadata!r}"
+            )
+        if url.scheme != scheme:
+            raise ValueError(
+                f"the sender at {metadata!r} serves {url.scheme.upper()} but this receiver "
+                + (
+                    "has no TLS configuration (set TORCHFT_TLS_CA, or the job's certificate)"
+                    if self._tls is None
+                    else f"uses {self._tls.describe()}: every process of a job needs the same "
+                    "TLS settings"
+                )
+            )
         peer = f"rank {src_rank} at {metadata}"
         if budget == timedelta(0):
             raise CheckpointTimeoutError(
@@ -280,7 +318,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             )
         deadline = Deadline(budget)
         fetch = ChunkFetcher(
-            url.hostname, url.port, url.path, step, deadline, peer, self._job_secret
+            url.hostname, url.port, url.path, step, deadline, peer, self._job_secret, self._tls
         )
         skeleton = decode_skeleton(fetch.get_meta())
         if skeleton.step != step:
