@@ -78,6 +78,9 @@ class QuorumMember:
         step_time_ms: telemetry, the group's last step duration in milliseconds (0 = unknown).
         checkpoint_metadata: per group rank, what a healing peer needs to fetch
             that rank's state (manager servers only; () = ask CheckpointMetadata).
+        unreachable: replica ids of the previous quorum this group could not
+            reach after its last failed step (probed by its manager server; only
+            with ``commit_failures`` > 0). See rule 8 in ``coordinator.quorum``.
     """
 
     replica_id: str
@@ -90,6 +93,7 @@ class QuorumMember:
     commit_failures: int = 0
     step_time_ms: float = 0.0
     checkpoint_metadata: tuple[str, ...] = ()
+    unreachable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ MAX_ID_CHARS = 256
 MAX_ADDRESS_CHARS = 512
 MAX_DATA_BYTES = 64 * 1024
 MAX_METADATA_BYTES = 64 * 1024
+MAX_UNREACHABLE = 1024  # replica ids one member may report unreachable
 MAX_MESSAGE_BYTES = 1024 * 1024  # gRPC receive limit on both servers
 # Deepest nesting of arrays/objects in a member's data: a fixed bound, so that
 # whether a value passes never depends on how deep the caller's stack happens to be
@@ -208,6 +209,12 @@ def check_member(m: QuorumMember) -> QuorumMember:
         raise ValueError(
             f"checkpoint_metadata must total at most {MAX_METADATA_BYTES} characters, got {size}"
         )
+    if len(m.unreachable) > MAX_UNREACHABLE:
+        raise ValueError(
+            f"unreachable must name at most {MAX_UNREACHABLE} replicas, got {len(m.unreachable)}"
+        )
+    for rid in m.unreachable:
+        check_replica_id(rid)
     return m
 
 

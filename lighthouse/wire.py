@@ -50,6 +50,8 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.step_time_ms = m.step_time_ms
     if m.checkpoint_metadata:
         out.checkpoint_metadata.extend(m.checkpoint_metadata)
+    if m.unreachable:
+        out.unreachable.extend(m.unreachable)
 
 
 def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
@@ -73,6 +75,7 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         commit_failures=p.commit_failures,
         step_time_ms=p.step_time_ms,
         checkpoint_metadata=tuple(p.checkpoint_metadata),
+        unreachable=tuple(p.unreachable),
     )
     return validate.with_data_json(m, text)  # relayed as received, never re-encoded
 

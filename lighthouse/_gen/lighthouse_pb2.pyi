@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QuorumMember(_message.Message):
-    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata")
+    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata", "unreachable")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class QuorumMember(_message.Message):
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     store_address: str
@@ -28,7 +29,8 @@ class QuorumMember(_message.Message):
     commit_failures: int
     step_time_ms: float
     checkpoint_metadata: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ...) -> None: ...
+    unreachable: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Quorum(_message.Message):
     __slots__ = ("quorum_id", "epoch", "participants", "created_unix_ms")

@@ -33,6 +33,17 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    the others continue. Their requests wait; when the backoff ends they are
    admitted again on probation. If nobody or everybody is proven the failure
    cannot be pinned on a member and nothing is quarantined.
+8. Cut links: members that each name the other unreachable (their manager
+   servers probe the previous quorum's members after a failed step) cannot
+   share a process group, and a quorum holding both fails on every retry
+   while both stay live (a partition between replicas, not between a replica
+   and the lighthouse). The fewest members that leave no such pair are
+   quarantined as in rule 7 (most cut links first; on a tie the one behind,
+   then the unproven, then the higher replica id), so the rest form a quorum
+   and train; when the backoff ends they are admitted again, and cut out
+   again while the link is still down. A member naming a peer alone, without
+   that peer naming it back, changes nothing: one hostile or confused member
+   cannot evict another.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
@@ -333,7 +344,8 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
         if held:
             reason += f", shrink_only holds {held} newcomer(s) back"
         return (
-            _quarantine_suspects(members, state, config, now)
+            _cut_apart(members, state, config)
+            or _quarantine_suspects(members, state, config, now)
             or _refusal(members, state, config)
             or Decision(members, reason, "fast")
         )
@@ -373,7 +385,8 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     if stragglers > 0:
         reason += f"; join_timeout passed, leaving {stragglers} straggler(s) out"
     return (
-        _quarantine_suspects(members, state, config, now)
+        _cut_apart(members, state, config)
+        or _quarantine_suspects(members, state, config, now)
         or _refusal(members, state, config)
         or Decision(members, reason, "ready")
     )
@@ -399,6 +412,44 @@ def _quarantine_suspects(
         f"{list(suspects)} never committed a step with this lighthouse"
     )
     return Decision(None, f"quarantining {list(suspects)}: {why}", "quarantine", suspects)
+
+
+def _cut_apart(
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig
+) -> Decision | None:
+    """Rule 8: a "quarantine" decision naming the fewest ``members`` whose removal
+    leaves no two members that each named the other unreachable. O(members +
+    reports); a greedy cover, exact for the one or two cut links partitions make."""
+    if config.quarantine_after_failures <= 0 or not any(m.unreachable for m in members):
+        return None
+    by_id = {m.replica_id: m for m in members}
+    links = {
+        (a, b) if a < b else (b, a)
+        for a, m in by_id.items()
+        for b in m.unreachable
+        if b in by_id and b != a and a in by_id[b].unreachable
+    }
+    if not links:
+        return None
+    cut_links = sorted(links)
+    excluded: list[str] = []
+    while links:
+        degree: dict[str, int] = {}
+        for a, b in links:
+            degree[a] = degree.get(a, 0) + 1
+            degree[b] = degree.get(b, 0) + 1
+        # most links, then behind, then unproven, then the higher id
+        out = max(
+            (n, -by_id[rid].step, int(rid not in state.proven), rid) for rid, n in degree.items()
+        )[3]
+        excluded.append(out)
+        links = {link for link in links if out not in link}
+    pairs = ", ".join(f"{a} <-> {b}" for a, b in cut_links)
+    why = (
+        f"members that named each other unreachable after a failed step cannot share a "
+        f"process group ({pairs}); leaving {excluded} out lets the others train"
+    )
+    return Decision(None, f"cutting {excluded} out: {why}", "quarantine", tuple(excluded))
 
 
 def _refusal(

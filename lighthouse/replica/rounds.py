@@ -25,6 +25,7 @@ from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.replica.lease_holder import LeasedRound, LeaseHolder, leased_result
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.ranks import compute_quorum_result
+from lighthouse.replica.reachability import unreachable
 from lighthouse.replica.silence import silent_too_long
 from lighthouse.types import ManagerQuorumRequest, Quorum, QuorumMember, QuorumResult
 
@@ -84,6 +85,9 @@ class QuorumRounds:
         self._last_quorum_step = -1
         self.resolved_step = -1  # the latest step whose commit vote is decided
         self._metadata: dict[int, str] = {}
+        # The other members of the latest lighthouse quorum: replica id -> manager
+        # server address (probed after a failed step, see `reachability`).
+        self._peers: dict[str, str] = {}
 
     # -- quorum --------------------------------------------------------------------------
     def check_request(self, req: ManagerQuorumRequest) -> int:
@@ -178,6 +182,16 @@ class QuorumRounds:
         self, g: Gather, fut: asyncio.Future[Quorum | LeasedRound], step: int
     ) -> None:
         reqs = list(g.requests.values())
+        failures = max(r.commit_failures for r in reqs)
+        cut = await unreachable(self._peers) if failures and self._peers else ()
+        if cut:
+            log.warning(
+                "%s: step %d failed and the manager servers of %s do not accept connections; "
+                "reporting them unreachable",
+                self.replica_id,
+                step,
+                list(cut),
+            )
         member = QuorumMember(
             replica_id=self.replica_id,
             address=self._address(),
@@ -185,11 +199,12 @@ class QuorumRounds:
             step=step,
             world_size=self.world_size,
             shrink_only=any(r.shrink_only for r in reqs),
-            commit_failures=max(r.commit_failures for r in reqs),
+            commit_failures=failures,
             step_time_ms=max(float(r.step_time_ms) for r in reqs),
             checkpoint_metadata=tuple(
                 g.requests[r].checkpoint_metadata for r in range(self.world_size)
             ),
+            unreachable=cut,
         )
         asked_generation = self._link.open_generation
         try:
@@ -197,6 +212,9 @@ class QuorumRounds:
         except FaultToleranceError as exc:
             fut.set_exception(exc)
             return
+        self._peers = {
+            m.replica_id: m.address for m in quorum.participants if m.replica_id != self.replica_id
+        }
         self._lease.take(
             quorum,
             lease_id,

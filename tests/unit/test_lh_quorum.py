@@ -334,3 +334,57 @@ def test_no_quarantine_when_the_failure_cannot_be_pinned_on_a_member() -> None:
     assert off.quarantine_after_failures == 0
     with pytest.raises(ValueError, match="quarantine_after_failures must be >= 0, got -1"):
         QuorumConfig(quarantine_after_failures=-1)
+
+
+def _cut_round(state: QuorumState, clock: FakeClock, cut: dict[str, tuple[str, ...]]) -> str:
+    """Every member of {a, b, c} asks after a failed step, naming `cut[rid]` unreachable."""
+    for rid in ("a", "b", "c"):
+        ask(state, clock, rid, step=5, commit_failures=1, unreachable=cut.get(rid, ()))
+    d = decide_quorum(clock.now(), state, QCFG)
+    assert d.quarantine, d.reason
+    state.quarantine(d.quarantine, clock.now(), QCFG, d.reason)
+    return ",".join(d.quarantine)
+
+
+def _proven_trio() -> tuple[FakeClock, QuorumState]:
+    clock, state = FakeClock(), QuorumState("e")
+    for _ in range(2):
+        assert _round(state, clock, {"a": 0, "b": 0, "c": 0})[1] == ["a", "b", "c"]
+    return clock, state
+
+
+def test_a_partition_between_two_members_cuts_one_out_and_the_majority_trains() -> None:
+    """Rule 8: b and c name each other (a reaches both): at the first failed step
+    one of them (the higher id on a tie) sits out, and {a, b} is issued."""
+    clock, state = _proven_trio()
+    assert _cut_round(state, clock, {"b": ("c",), "c": ("b",)}) == "c"
+    assert "b <-> c" in state.quarantined["c"].reason
+    d = decide_quorum(clock.now(), state, QCFG)
+    assert d.members is not None and [m.replica_id for m in d.members] == ["a", "b"], d.reason
+    assert state.live_count(clock.now(), 60.0) == 2  # a strict majority of what is left
+
+
+def test_the_member_behind_or_cut_from_most_is_the_one_left_out() -> None:
+    clock, state = _proven_trio()
+    # a is cut from both others: removing a alone leaves b and c together
+    assert _cut_round(state, clock, {"a": ("b", "c"), "b": ("a",), "c": ("a",)}) == "a"
+    clock, state = _proven_trio()
+    ask(state, clock, "a", step=5)
+    ask(state, clock, "b", step=4, commit_failures=1, unreachable=("c",))
+    ask(state, clock, "c", step=5, commit_failures=1, unreachable=("b",))
+    d = decide_quorum(clock.now(), state, QCFG)
+    assert d.quarantine == ("b",)  # on a tie, the member behind goes
+
+
+def test_one_sided_reports_and_disabled_quarantine_cut_nobody() -> None:
+    clock, state = _proven_trio()
+    for rid in ("a", "b", "c"):  # b names c, c does not name b: a liar cannot evict c
+        ask(state, clock, rid, step=5, commit_failures=1, unreachable=("c",) if rid == "b" else ())
+    d = decide_quorum(clock.now(), state, QCFG)
+    assert d.members is not None and len(d.members) == 3 and not d.quarantine
+    off = QuorumConfig(min_replicas=1, join_timeout_s=1.0, quarantine_after_failures=0)
+    clock, state = _proven_trio()
+    for rid, cut in (("a", ()), ("b", ("c",)), ("c", ("b",))):
+        ask(state, clock, rid, step=5, commit_failures=1, unreachable=cut)
+    d = decide_quorum(clock.now(), state, off)
+    assert d.members is not None and len(d.members) == 3

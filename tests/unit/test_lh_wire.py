@@ -19,7 +19,9 @@ from lighthouse.types import (
     QuorumResult,
 )
 
-MEMBER = QuorumMember("r:1", "h:1", "s:2", 4, 2, True, {"k": [1, "x"]}, 3, 12.5, ("u0", "u1"))
+MEMBER = QuorumMember(
+    "r:1", "h:1", "s:2", 4, 2, True, {"k": [1, "x"]}, 3, 12.5, ("u0", "u1"), ("r:2", "r:3")
+)
 
 
 def test_member_and_quorum_round_trip() -> None:
@@ -205,3 +207,16 @@ def test_bare_client_may_leave_world_size_zero() -> None:
 def test_group_rank_range() -> None:
     with pytest.raises(ValueError, match=r"group_rank must be in \[0, 2\), got 2"):
         validate.check_group_rank(2, 2)
+
+
+def test_unreachable_reports_are_bounded_and_named() -> None:
+    too_many = replace(
+        MEMBER, unreachable=tuple(f"r{i}" for i in range(validate.MAX_UNREACHABLE + 1))
+    )
+    with pytest.raises(
+        ValueError, match=f"unreachable must name at most {validate.MAX_UNREACHABLE}"
+    ):
+        validate.check_member(too_many)
+    with pytest.raises(ValueError, match="replica_id"):
+        validate.check_member(replace(MEMBER, unreachable=("",)))
+    assert validate.check_member(MEMBER) is MEMBER
