@@ -32,6 +32,7 @@ bench:  ## every benchmark: tables plus one JSON line each (~6 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/heal.py
 	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
 	PYTHONUNBUFFERED=1 $(PY) bench/semisync.py
+	PYTHONUNBUFFERED=1 $(PY) bench/quantize.py
 
 proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
 	$(PY) -m lighthouse._codegen lighthouse/_gen
