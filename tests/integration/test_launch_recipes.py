@@ -1,0 +1,100 @@
+"""The torchx recipe run for real: ``torchx run -s local_cwd`` of
+examples/launch/torchx_component.py starts the lighthouse role and two replica-group
+roles (one torchrun of examples/train_ddp.py each, on CPU/Gloo) with a job secret and
+the app's id as job id; the app must finish SUCCEEDED, which needs both groups to
+commit every step and the lighthouse role to end by itself once they are done.
+
+About 25 s of CPU; on an idle 2-core machine about as long in wall time.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPONENT = "examples/launch/torchx_component.py:fault_tolerant_job"
+STEPS = 5
+RUN_TIMEOUT_S = 240.0  # generous: a loaded CI machine; the run itself takes ~25 s of CPU
+STOP_GRACE_S = 30.0  # seconds torchx gets to stop its roles after SIGTERM
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
+    secret = tmp_path / "job-secret"
+    secret.write_text("0123456789abcdef0123456789abcdef\n")
+    secret.chmod(0o600)
+    state_file = tmp_path / "lighthouse.state.json"
+    venv_bin = Path(sys.executable).parent
+    # torchx's local schedulers run each role with this process's environment: the
+    # venv's python and torchrun come first on PATH.
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    command = [
+        str(venv_bin / "torchx"),
+        "run",
+        "-s",
+        "local_cwd",
+        "-cfg",
+        f"log_dir={tmp_path / 'logs'}",
+        COMPONENT,
+        "--script",
+        "examples/train_ddp.py",
+        "--replica_groups",
+        "2",
+        "--min_replicas",
+        "2",
+        "--job_secret_file",
+        str(secret),
+        "--lighthouse_port",
+        str(free_port()),
+        "--lighthouse_http_port",
+        str(free_port()),
+        "--lighthouse_state_file",
+        str(state_file),
+        "--exit_when_idle_s",
+        "1",
+        "--env",
+        f"STEPS={STEPS}",
+    ]
+    proc = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # torchx stops every role it started
+        try:
+            output, _ = proc.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        pytest.fail(f"torchx run did not finish in {RUN_TIMEOUT_S:g} s:\n{output[-4000:]}")
+
+    assert proc.returncode == 0, output[-4000:]
+    assert "Job finished: SUCCEEDED" in output
+    for group in (0, 1):
+        steps = [
+            int(step)
+            for step in re.findall(
+                rf"^replica_group_{group}/0 replica {group} rank 0 step (\d+) quorum \S+ "
+                r"participants 2 ",
+                output,
+                flags=re.MULTILINE,
+            )
+        ]
+        assert steps == list(range(1, STEPS + 1)), output[-4000:]
+    assert "job secret required" in output  # the lighthouse checked every call
+    assert "lighthouse_role: job done; stopping the lighthouse" in output
+    assert json.loads(state_file.read_text())["committed_step"] >= 1
