@@ -25,7 +25,7 @@ lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs 
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
 
-bench:  ## every benchmark: tables plus one JSON line each (~6 min on 2 cores)
+bench:  ## every benchmark: tables plus one JSON line each (~7 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
 	PYTHONUNBUFFERED=1 $(PY) bench/manager_quorum.py
@@ -33,6 +33,7 @@ bench:  ## every benchmark: tables plus one JSON line each (~6 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
 	PYTHONUNBUFFERED=1 $(PY) bench/semisync.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quantize.py
+	PYTHONUNBUFFERED=1 $(PY) bench/security.py
 
 proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
 	$(PY) -m lighthouse._codegen lighthouse/_gen
