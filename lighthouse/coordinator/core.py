@@ -60,11 +60,12 @@ class LighthouseCore:
         self.epoch = epoch
         self.metrics = metrics
         self.job_state = job_state
-        committed = 0
+        committed = recalled = 0
         if job_state is not None:
             job_state.epoch = epoch
             committed = job_state.load()
-        self.state = QuorumState(epoch, committed)
+            recalled = job_state.quorum_members
+        self.state = QuorumState(epoch, committed, recalled)
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         # announced a clean shutdown on their liveness stream -> step committed through
@@ -139,7 +140,9 @@ class LighthouseCore:
     def _persist(self, now: float) -> None:
         """Record the committed step (throttled; ``tick`` writes what was held back)."""
         if self.job_state is not None:
-            self.job_state.record(self.state.committed_step, now)
+            prev = self.state.prev
+            members = len(prev.participants) if prev is not None else self.state.recalled_members
+            self.job_state.record(self.state.committed_step, now, members)
 
     def flush_job_state(self) -> None:
         """Write the committed step now (at shutdown)."""

@@ -4,7 +4,10 @@ The lighthouse keeps the highest step any replica reported (quorum rule 6). In
 memory alone it would be lost with the lighthouse; a lighthouse restarted
 while every up-to-date replica is also gone would then let a fresh replica
 restart the job from step 0. ``JobStateFile`` records it in a small JSON file
-(``{"committed_step": N, "epoch": ..., "updated_unix_ms": ...}``), replaced
+(``{"committed_step": N, "quorum_members": M, "epoch": ...,
+"updated_unix_ms": ...}``; ``quorum_members``, the size of the latest quorum,
+lets a restarted lighthouse wait for that many replicas before it trusts a
+small quorum, see rule 3 in ``quorum.py``), replaced
 atomically (write a temporary file, then rename) so a crash mid-write leaves
 the old record, never a torn one.
 
@@ -36,8 +39,9 @@ class JobStateFile:
     ):
         self.path = Path(path)
         self.min_interval_s = min_interval_s
-        self._saved: int | None = None
-        self._wanted: int | None = None
+        self._saved: tuple[int, int] | None = None  # (committed step, quorum members)
+        self._wanted: tuple[int, int] | None = None
+        self.quorum_members = 0  # as loaded
         self._last_write = float("-inf")
         self.epoch = ""
 
@@ -50,7 +54,7 @@ class JobStateFile:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._saved = 0
+            self._saved = (0, 0)
             return 0
         try:
             record = json.loads(text)
@@ -65,13 +69,19 @@ class JobStateFile:
                 f"lighthouse state file {str(self.path)!r}: committed_step must be an int >= 0, "
                 f"got {step!r}"
             )
-        self._saved = step
+        members = record.get("quorum_members", 0)  # absent in older records
+        if isinstance(members, bool) or not isinstance(members, int) or members < 0:
+            members = 0
+        self.quorum_members = members
+        self._saved = (step, members)
         return step
 
-    def record(self, committed_step: int, now: float | None = None) -> bool:
-        """Note the current committed step; write it if the throttle allows.
-        True if it was written now. ``now``: monotonic seconds (tests pass it)."""
-        self._wanted = committed_step
+    def record(
+        self, committed_step: int, now: float | None = None, quorum_members: int = 0
+    ) -> bool:
+        """Note the current committed step and quorum size; write them if the
+        throttle allows. True if written now. ``now``: monotonic seconds (tests pass it)."""
+        self._wanted = (committed_step, quorum_members)
         return self.flush(now, force=False)
 
     def flush(self, now: float | None = None, force: bool = True) -> bool:
@@ -88,9 +98,11 @@ class JobStateFile:
         self._last_write = now
         return True
 
-    def _write(self, step: int) -> None:
+    def _write(self, wanted: tuple[int, int]) -> None:
+        step, members = wanted
         record = {
             "committed_step": step,
+            "quorum_members": members,
             "epoch": self.epoch,
             "updated_unix_ms": int(time.time() * 1000),
         }

@@ -6,7 +6,11 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    issue at once, admitting joiners that already asked (``shrink_only`` keeps
    them out).
 2. Otherwise at least ``min_replicas`` askers,
-3. a strict majority of all live replicas (split-brain guard),
+3. a strict majority of all live replicas (split-brain guard); during the
+   first ``heartbeat_timeout_s`` after a restart, of at least as many replicas
+   as the last quorum before it had (``recalled_members``): a restarted
+   lighthouse has not heard from the live replicas yet, and a replica asking
+   alone must not commit a step the others then commit again without it,
 4. and wait up to ``join_timeout_s`` (from the earliest pending ask) for live
    replicas that have not asked yet; then issue.
 5. On every path: never issue a quorum whose highest step is
@@ -145,10 +149,13 @@ class _Pending:
 class QuorumState:
     """Everything the rules look at. Mutated only through its methods."""
 
-    def __init__(self, epoch: str, committed_step: int = 0) -> None:
+    def __init__(self, epoch: str, committed_step: int = 0, recalled_members: int = 0) -> None:
         """``epoch``: the lighthouse's random start-up id, stamped on every quorum.
-        ``committed_step``: the job's committed step as recorded before a restart."""
+        ``committed_step``: the job's committed step as recorded before a restart;
+        ``recalled_members``: the size of the last quorum recorded before it (rule 3)."""
         self.epoch = epoch
+        self.recalled_members = recalled_members
+        self.started: float | None = None  # the first time seen (seconds), for rule 3
         # The highest step any replica reported (rule 6); it only grows, except when
         # the operator allows a reset and a lower quorum issues.
         self.committed_step = committed_step
@@ -171,6 +178,8 @@ class QuorumState:
     # -- signs of life ---------------------------------------------------------------
     def heartbeat(self, replica_id: str, now: float) -> None:
         """Record that ``replica_id`` was seen at ``now`` (seconds)."""
+        if self.started is None:
+            self.started = now
         self.seen[replica_id] = now
         self.seen.move_to_end(replica_id)
 
@@ -357,6 +366,22 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             "min_replicas",
         )
     live = state.live_count(now, config.heartbeat_timeout_s)
+    recalled = state.recalled_members
+    if (
+        recalled > live
+        and state.started is not None
+        and now - state.started < config.heartbeat_timeout_s
+    ):
+        if n <= recalled // 2:
+            return Decision(
+                None,
+                f"not ready: restarted {now - state.started:.3f} s ago; the last quorum before "
+                f"the restart had {recalled} members and only {n} asked, so up to "
+                f"{config.heartbeat_timeout_s:g} s after the restart a quorum needs more than "
+                f"{recalled // 2} (the others may be live and not yet reconnected) {tail}",
+                "split_brain",
+            )
+        live = recalled
     if n <= live // 2:
         return Decision(
             None,

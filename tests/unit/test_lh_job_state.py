@@ -28,3 +28,16 @@ def test_forced_flush_ignores_the_throttle(tmp_path: Path) -> None:
     f.record(9, now=0.1)
     assert f.flush()
     assert JobStateFile(f.path).load() == 9
+
+
+def test_the_last_quorum_size_is_kept_and_older_records_read_as_zero(tmp_path: Path) -> None:
+    f = JobStateFile(tmp_path / "s.json", min_interval_s=0.0)
+    f.load()
+    assert f.record(7, now=0.0, quorum_members=3)
+    assert not f.record(7, now=1.0, quorum_members=3)  # nothing changed
+    assert f.record(7, now=2.0, quorum_members=2)  # a smaller quorum alone is news
+    again = JobStateFile(f.path)
+    assert (again.load(), again.quorum_members) == (7, 2)
+    f.path.write_text(json.dumps({"committed_step": 4, "epoch": "e"}))
+    old = JobStateFile(f.path)
+    assert (old.load(), old.quorum_members) == (4, 0)

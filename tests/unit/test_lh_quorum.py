@@ -388,3 +388,25 @@ def test_one_sided_reports_and_disabled_quarantine_cut_nobody() -> None:
         ask(state, clock, rid, step=5, commit_failures=1, unreachable=cut)
     d = decide_quorum(clock.now(), state, off)
     assert d.members is not None and len(d.members) == 3
+
+
+def test_a_restarted_lighthouse_waits_for_a_majority_of_the_last_quorum() -> None:
+    """Rule 3 after a restart: the last quorum had 3 members. One replica asking
+    alone, before the others reconnect, gets no quorum (it could commit a step the
+    others would later commit again without it); two do; after a heartbeat
+    timeout without the others, it goes on alone."""
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.5, heartbeat_timeout_s=5.0)
+    clock = FakeClock()
+    state = QuorumState("e2", committed_step=10, recalled_members=3)
+    ask(state, clock, "a", step=10)
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.kind == "split_brain" and "last quorum before the restart had 3" in d.reason
+    ask(state, clock, "b", step=10)
+    clock.advance(0.6)  # past the join timeout: the third may be gone
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b"])
+    alone = QuorumState("e3", committed_step=10, recalled_members=3)
+    ask(alone, clock, "a", step=10)
+    assert decide_quorum(clock.now(), alone, cfg).kind == "split_brain"
+    clock.advance(5.0)
+    alone.heartbeat("a", clock.now())
+    assert decide_and_issue(alone, clock, cfg) == ("ready", ["a"])
