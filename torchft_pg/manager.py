@@ -40,6 +40,7 @@ from lighthouse import (
     ManagerClientProtocol,
     ManagerQuorumRequest,
     ManagerServer,
+    QuorumRejectedError,
     QuorumResult,
 )
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
@@ -520,9 +521,17 @@ class Manager:
             min_replica_size=self._min_replica_size,
         )
         client = self._wait_connected()
-        decision = client.should_commit(
-            self._group_rank, self._quorum_step, vote, timeout or self._timeout
-        )
+        try:
+            decision = client.should_commit(
+                self._group_rank, self._quorum_step, vote, timeout or self._timeout
+            )
+        except QuorumRejectedError as e:
+            # The server refused this vote (late, stale or abandoned): the group
+            # decided this attempt without it, and a decision needs every rank's
+            # yes, so it was no. A timeout, by contrast, leaves the decision
+            # unknown to this rank and is raised.
+            self.report_error(e)
+            decision = False
         self._healer.transport.disallow_checkpoint()
         healed, self._healed_counters = self._healed_counters, None
         # A healed state is loaded only once the group has committed: in a multi-rank

@@ -163,7 +163,18 @@ class LocalManagerClient:
             out.set_exception(QuorumRejectedError(f"ShouldCommit: {exc}"))
             return
         what = f"commit vote of group rank {rank} for step {step}"
-        _complete(self._loop, fut, out, timeout_s, what, lambda: rounds.leave_vote(v, rank), bool)
+        # At the deadline the vote is closed for every rank (QuorumRounds.expire_vote),
+        # on this loop, before the caller's own wait (timeout_s + _LOOP_MARGIN_S) ends.
+        _complete(
+            self._loop,
+            fut,
+            out,
+            timeout_s,
+            what,
+            lambda: rounds.leave_vote(v, rank),
+            bool,
+            expire=lambda: rounds.expire_vote(v, rank),
+        )
 
     def checkpoint_metadata(self, rank: int, timeout: timedelta) -> str:
         """The checkpoint metadata group rank `rank` sent with its last quorum."""
@@ -205,16 +216,25 @@ def _complete(
     what: str,
     give_up: Callable[[], None],
     convert: Callable[[Any], Any],
+    expire: Callable[[], Any] | None = None,
 ) -> None:
-    """On ``loop``: copy ``fut``'s outcome (through ``convert``) into ``out``, or fail
-    ``out`` with ``QuorumTimeoutError`` after ``timeout_s`` seconds, calling ``give_up``."""
+    """On ``loop``: copy ``fut``'s outcome (through ``convert``) into ``out``. After
+    ``timeout_s`` seconds: with ``expire``, ``out`` gets what it returns (or raises);
+    without, ``give_up()`` runs and ``out`` fails with ``QuorumTimeoutError``."""
 
-    def expire() -> None:
-        if not fut.done() and not out.done():
+    def on_deadline() -> None:
+        if fut.done() or out.done():
+            return
+        if expire is None:
             give_up()
             out.set_exception(QuorumTimeoutError(f"{what}: no answer within {timeout_s:.3f} s"))
+            return
+        try:
+            out.set_result(convert(expire()))
+        except Exception as e:
+            out.set_exception(e)
 
-    timer = loop.call_later(timeout_s, expire)
+    timer = loop.call_later(timeout_s, on_deadline)
 
     def finish(f: asyncio.Future[Any]) -> None:
         timer.cancel()

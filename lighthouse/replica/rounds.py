@@ -29,9 +29,15 @@ from lighthouse.replica.reachability import unreachable
 from lighthouse.replica.silence import silent_too_long
 from lighthouse.types import ManagerQuorumRequest, Quorum, QuorumMember, QuorumResult
 
-__all__ = ["Gather", "QuorumRounds", "Vote"]
+__all__ = ["Gather", "QuorumRounds", "Vote", "vote_margin_s"]
 
 log = logging.getLogger("lighthouse.manager")
+
+
+def vote_margin_s(remaining_s: float) -> float:
+    """How long before a remote caller's deadline (``remaining_s`` seconds away) its
+    vote is closed, so that the answer still reaches it: a tenth, at most 0.5 s."""
+    return min(0.5, 0.1 * remaining_s)
 
 
 @dataclass
@@ -47,9 +53,12 @@ class Gather:
 
 @dataclass
 class Vote:
-    """One commit vote being gathered: ``step`` and each group rank's vote so far."""
+    """One commit vote being gathered: ``step``, the quorum round it belongs to
+    (``round``: how many rounds had launched when it opened) and each group rank's
+    vote so far."""
 
     step: int
+    round: int = 0
     votes: dict[int, bool] = field(default_factory=dict)
     future: asyncio.Future[bool] | None = None
 
@@ -83,6 +92,10 @@ class QuorumRounds:
         # (loop time, stream generation, lighthouse epoch) when the latest round began.
         self._round_mark: tuple[float, int | None, str] | None = None
         self._last_quorum_step = -1
+        self._launched = 0  # quorum rounds launched so far
+        # (step, round) of the latest vote decided "no" because a rank's wait ran
+        # out: a late vote for it must not open a second vote for the same attempt.
+        self._expired: tuple[int, int] | None = None
         self.resolved_step = -1  # the latest step whose commit vote is decided
         self._metadata: dict[int, str] = {}
         # The other members of the latest lighthouse quorum: replica id -> manager
@@ -116,6 +129,7 @@ class QuorumRounds:
         if len(g.requests) == self.world_size:
             self._gather = Gather()
             g.launched = True
+            self._launched += 1
             steps = {r: q.step for r, q in sorted(g.requests.items())}
             if len(set(steps.values())) > 1:
                 fut.set_exception(
@@ -245,6 +259,12 @@ class QuorumRounds:
                 f"vote ahead: group rank {rank} voted for step {step} but replica "
                 f"{self.replica_id!r} last joined a quorum at step {self._last_quorum_step}"
             )
+        if self._expired == (step, self._launched):
+            raise ValueError(
+                f"late vote: group rank {rank} voted for step {step} after that vote was "
+                "decided no (another rank stopped waiting for it); the step is retried with "
+                "a new quorum"
+            )
         v = self._vote
         if v is not None and step < v.step:
             raise ValueError(
@@ -261,7 +281,9 @@ class QuorumRounds:
             )
             v = None
         if v is None:
-            v = self._vote = Vote(step, future=asyncio.get_running_loop().create_future())
+            v = self._vote = Vote(
+                step, self._launched, future=asyncio.get_running_loop().create_future()
+            )
         assert v.future is not None
         v.votes[rank] = vote
         fut = v.future
@@ -312,9 +334,39 @@ class QuorumRounds:
         return None
 
     def leave_vote(self, v: Vote, rank: int) -> None:
-        """``rank`` gave up (deadline, cancelled) before the vote was decided."""
+        """``rank``'s caller went away (cancelled) before the vote was decided."""
         if self._vote is v:
             v.votes.pop(rank, None)
+
+    def expire_vote(self, v: Vote, rank: int) -> bool:
+        """``rank``'s wait for ``v`` ran out: its decision, deciding "no" for every
+        rank if it is still open.
+
+        A rank that simply stopped waiting would leave the others undecided, or,
+        worse, decided yes while it gave up (a split group). So the vote is
+        closed here, on the server's loop, before the caller's own deadline: every
+        rank hears the same "no", and a vote still to come for this attempt is
+        refused as late (``enter_vote``). Raises what the vote raised, if it failed.
+        """
+        fut = v.future
+        assert fut is not None
+        if fut.done():
+            return fut.result()
+        if self._vote is v:
+            self._vote = None
+        self._expired = (v.step, v.round)
+        self.resolved_step = max(self.resolved_step, v.step)
+        missing = sorted(set(range(self.world_size)) - set(v.votes))
+        log.warning(
+            "%s: step %d not committed: group rank %d stopped waiting for the votes of "
+            "group ranks %s",
+            self.replica_id,
+            v.step,
+            rank,
+            missing,
+        )
+        fut.set_result(False)
+        return False
 
     def checkpoint_metadata(self, rank: int) -> str:
         """What group rank ``rank`` sent with its last quorum; any thread.

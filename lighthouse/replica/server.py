@@ -42,7 +42,7 @@ from lighthouse._net import (
 from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
-from lighthouse.replica.rounds import QuorumRounds
+from lighthouse.replica.rounds import QuorumRounds, vote_margin_s
 from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall
 
@@ -361,8 +361,15 @@ class ManagerServer:
             v, fut = self._rounds.enter_vote(rank, step, vote)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
+        remaining = context.time_remaining()
+        # Decide before the caller's deadline, so that it hears the group's answer
+        # (see QuorumRounds.expire_vote) rather than a timeout it cannot read.
+        budget = None if remaining is None else max(0.0, remaining - vote_margin_s(remaining))
         try:
-            decision = await asyncio.shield(fut)
+            try:
+                decision = await asyncio.wait_for(asyncio.shield(fut), budget)
+            except asyncio.TimeoutError:
+                decision = self._rounds.expire_vote(v, rank)
         except asyncio.CancelledError:
             self._rounds.leave_vote(v, rank)
             raise

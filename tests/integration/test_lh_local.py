@@ -81,8 +81,8 @@ def test_a_local_rank_whose_peers_never_come_times_out_and_the_next_round_works(
         with pytest.raises(QuorumTimeoutError, match=r"no answer within 0\.300 s"):
             local.quorum(quorum_request(0, 0, timeout=timedelta(milliseconds=300)))
         assert time.monotonic() - start < 5
-        with pytest.raises(QuorumTimeoutError, match="commit vote of group rank 0"):
-            local.should_commit(0, 0, True, timedelta(milliseconds=300))
+        # a vote whose wait runs out is decided no for the whole group, not a timeout
+        assert local.should_commit(0, 0, True, timedelta(milliseconds=300)) is False
         # the expired request and vote left the round: a full round goes through
         remote = ManagerClient(ms.address())
         out = in_threads(

@@ -304,3 +304,21 @@ def test_a_step_during_which_the_replica_was_silent_for_the_heartbeat_timeout_is
         ms.loop.call_soon_threadsafe(freeze)
         assert unblocked.wait(5)
         assert c.should_commit(0, 2, True, T) is False
+
+
+def test_a_vote_whose_wait_runs_out_is_no_for_every_rank_and_a_late_vote_is_refused() -> None:
+    """Group rank 1 is slow (e.g. a long heal) and votes after rank 0's vote timeout.
+    Rank 0 hears "no" (not a timeout it cannot read), rank 1's late vote for the
+    same attempt is refused, and the retried step, with a new quorum, commits."""
+    with lighthouse() as lh, managers(lh, 1, world_size=2) as (ms,):
+        c = ManagerClient(ms.address())
+        in_threads([partial(c.quorum, quorum_request(g, 5)) for g in range(2)])
+        start = time.monotonic()
+        assert c.should_commit(0, 5, True, timedelta(seconds=1)) is False
+        assert time.monotonic() - start < 1.0  # answered before its deadline
+        with pytest.raises(QuorumRejectedError, match="late vote: group rank 1 voted for step 5"):
+            c.should_commit(1, 5, True, T)
+        in_threads([partial(c.quorum, quorum_request(g, 5)) for g in range(2)])
+        assert in_threads(
+            [lambda: c.should_commit(0, 5, True, T), lambda: c.should_commit(1, 5, True, T)]
+        ) == [True, True]

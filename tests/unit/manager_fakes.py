@@ -76,7 +76,9 @@ class FakeClient:
     """A `ManagerClientProtocol` answering from `results` and `decisions`; like the
     remote `ManagerClient`, `quorum_async` runs `quorum` on a thread of its own."""
 
-    def __init__(self, results: list[QuorumResult], decisions: list[bool] | None = None) -> None:
+    def __init__(
+        self, results: list[QuorumResult], decisions: list[bool | Exception] | None = None
+    ) -> None:
         self.results = list(results)
         self.decisions = decisions
         self.requests: list[ManagerQuorumRequest] = []
@@ -126,7 +128,12 @@ class FakeClient:
         self, group_rank: int, step: int, should_commit: bool, timeout: timedelta
     ) -> bool:
         self.votes.append((step, should_commit))
-        return should_commit if self.decisions is None else self.decisions.pop(0)
+        if self.decisions is None:
+            return should_commit
+        decision = self.decisions.pop(0)
+        if isinstance(decision, Exception):
+            raise decision
+        return decision
 
     def subscribe_failures(
         self,

@@ -190,3 +190,21 @@ def test_ddp_reduces_in_reduce_dtype_and_casts_back() -> None:
     assert model.weight.grad is not None and model.weight.grad.dtype == torch.float32
     torch.testing.assert_close(model.weight.grad, x)  # (x + x) / 2 participants
     manager.shutdown()
+
+
+def test_a_refused_vote_is_a_no_and_a_vote_timeout_is_raised() -> None:
+    """A refused vote (late: the group decided without it) means the step was not
+    committed; a timeout leaves the decision unknown and is raised."""
+    from lighthouse import QuorumRejectedError, QuorumTimeoutError
+
+    manager, _, _, _ = make(
+        [result(world=2), result(world=2)],
+        decisions=[QuorumRejectedError("late vote"), QuorumTimeoutError("no answer")],
+    )
+    manager.start_quorum()
+    assert manager.should_commit() is False
+    assert manager.current_step() == 0 and isinstance(manager.errored(), Exception)
+    manager.start_quorum()
+    with pytest.raises(QuorumTimeoutError, match="no answer"):
+        manager.should_commit()
+    manager.shutdown()
