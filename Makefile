@@ -2,7 +2,7 @@
 PY ?= .venv/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install demo test test-slow lint bench proto clean
+.PHONY: install install-browser demo test test-slow test-browser lint bench proto clean
 
 install:  ## create .venv with pinned CPU torch and the project (editable, dev extras)
 	test -x $(PY) || python3 -m venv .venv
@@ -12,8 +12,14 @@ install:  ## create .venv with pinned CPU torch and the project (editable, dev e
 demo:  ## the fault-tolerance demo (see README)
 	PYTHONUNBUFFERED=1 $(PY) examples/demo.py
 
-test:  ## the full CI suite: unit, integration and the short chaos plan
-	$(PY) -m pytest -q -rs -m "not slow" tests
+test:  ## the full CI suite: unit, integration and the short chaos plan (no browser)
+	$(PY) -m pytest -q -rs -m "not slow and not browser" tests
+
+install-browser:  ## headless Chromium for `make test-browser` (Debian package; needs root)
+	command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }
+
+test-browser:  ## the dashboard rendered by headless Chromium (tests/browser; skips without chromium)
+	$(PY) -m pytest -q -rs -m browser tests/browser
 
 test-slow:  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests

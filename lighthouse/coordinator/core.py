@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from lighthouse import wire
 from lighthouse.clock import Clock
+from lighthouse.coordinator.health import replica_health
+from lighthouse.coordinator.history import HistoryMetrics, JobHistory
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
@@ -26,7 +28,7 @@ from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, QuorumMembe
 log = logging.getLogger("lighthouse")
 
 
-class Metrics(Protocol):
+class Metrics(HistoryMetrics, Protocol):
     """What the core reports; ``lighthouse.coordinator.status.LighthouseMetrics`` implements it."""
 
     def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None: ...
@@ -78,6 +80,9 @@ class LighthouseCore:
         self.quorums_issued = 0
         self.lease = QuorumLease()
         self._last_wait_log = clock.now()
+        # the dashboard's step samples and timeline (bounded ring buffers)
+        self.history = JobHistory(metrics=metrics)
+        self.history.started(epoch, committed, _unix_ms())
 
     # -- requests ----------------------------------------------------------------------
     def request(self, member: QuorumMember) -> asyncio.Future[bytes]:
@@ -92,6 +97,7 @@ class LighthouseCore:
         self.waiters[rid] = fut
         now = self.clock.now()
         self.state.request(member, now)
+        self.history.progress(rid, member.step, member.step_time_ms, now, _unix_ms())
         self.lease.asked(rid)
         if self.lease.holders and not self.state.is_quarantined(rid, now):
             waiting = [p.member for p in self.state.pending.values()]
@@ -123,6 +129,7 @@ class LighthouseCore:
         now = self.clock.now()
         self.state.heartbeat(replica_id, now)
         self.state.report_progress(replica_id, step, step_time_ms)
+        self.history.progress(replica_id, step, step_time_ms, now, _unix_ms())
         self._send_floor(self.lease.progress(replica_id, step, now))
         self._persist(now)
 
@@ -208,6 +215,7 @@ class LighthouseCore:
             self._send_floor(floor)
             if self.state.forget(replica_id):
                 log.info("replica %s left (clean shutdown)", replica_id)
+                self.history.left(replica_id, _unix_ms())
                 self.evaluate()
             return
         self.lease.asked(replica_id)  # dead: its peers hear it from the failure notice
@@ -224,6 +232,7 @@ class LighthouseCore:
         now_ms = _unix_ms()
         for rid in dead:
             self.recent_deaths.append({"replica_id": rid, "reason": reason, "unix_ms": now_ms})
+        self.history.died(dead, reason, now_ms)
         if self.metrics is not None:
             self.metrics.death(reason, len(dead))
         prev = self.state.prev
@@ -308,6 +317,7 @@ class LighthouseCore:
                         "unix_ms": _unix_ms(),
                     }
                 )
+                self.history.quarantined(rid, q.until - now, q.strikes, q.reason, _unix_ms())
                 log.warning(
                     "quarantined replica %s for %.1f s (strike %d): %s",
                     rid,
@@ -332,7 +342,11 @@ class LighthouseCore:
             )
         latency_s = now - self.state.earliest_joined()
         old_id = self.state.quorum_id
-        quorum = self.state.issue(d.members, now, _unix_ms())
+        previous = self.state.prev
+        created_ms = _unix_ms()
+        quorum = self.state.issue(d.members, now, created_ms)
+        if quorum.quorum_id != old_id:
+            self.history.quorum_issued(quorum, previous, d.reason, now, created_ms)
         self.quorums_issued += 1
         self._log_step_times(quorum, now)
         # holders still on the lease were left out at the join timeout: their peers moved on
@@ -377,6 +391,7 @@ class LighthouseCore:
                 d["last_seen_s_ago"] = None if last is None else round(now - last, 3)
                 d["recovering"] = m.step != max_step
                 latest = state.last_member.get(m.replica_id)
+                d["latest_step"] = m.step if latest is None else max(m.step, latest.step)
                 if latest is not None and latest.step_time_ms > 0:
                     d["step_time_ms"] = latest.step_time_ms
                     step_times.append((latest.step_time_ms, m.replica_id))
@@ -392,8 +407,19 @@ class LighthouseCore:
             for rid, last in state.seen.items()
         ]
         waiting = set(state.seen) - set(state.pending)
+        now_ms = _unix_ms()
+        history = self.history.to_json(now, now_ms)  # first: drops samples past the window
+        health = replica_health(
+            state=state,
+            now=now,
+            heartbeat_timeout_s=self.config.heartbeat_timeout_s,
+            streams={rid: len(qs) for rid, qs in self.streams.items()},
+            steps=self.history.steps,
+            gone=self.history.gone_reason,
+        )
         return {
             "epoch": self.epoch,
+            "started_unix_ms": self.history.started_unix_ms,
             "quorum_id": state.quorum_id,
             "quorums_issued": self.quorums_issued,
             "committed_step": state.committed_step,
@@ -429,6 +455,8 @@ class LighthouseCore:
             "recent_quarantines": list(self.recent_quarantines),
             "step_report": step_report,
             "config": asdict(self.config),
+            "health": [row.to_json() for row in health],
+            "history": history,
         }
 
 

@@ -1,11 +1,13 @@
 """The lighthouse's HTTP side: offline dashboard, ``/status`` JSON, ``/metrics``.
 
 Served by a small threaded HTTP server; every request asks the event loop for a
-fresh snapshot (bounded wait), so no state is shared across threads.
+fresh snapshot (bounded wait), so no state is shared across threads. The
+dashboard's files and why they are drawn as they are: ``dashboard.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -13,11 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import resources
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from lighthouse.coordinator import dashboard
 
 log = logging.getLogger("lighthouse.http")
 
@@ -39,6 +42,8 @@ _LATENCY_BUCKETS_S = (
     30,
     60,
 )
+# a healing member's quorum -> its report of the quorum's step (heal plus one step)
+_CATCH_UP_BUCKETS_S = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
 class LighthouseMetrics:
@@ -63,6 +68,35 @@ class LighthouseMetrics:
         self.deaths = Counter(
             "lighthouse_deaths_detected", "Replicas declared dead", ["cause"], registry=r
         )
+        self.replica_step = Gauge(
+            "lighthouse_replica_step",
+            "Latest step of each live replica (sampled at most every 2 s)",
+            ["replica_id"],
+            registry=r,
+        )
+        self.replica_step_time = Gauge(
+            "lighthouse_replica_step_time_seconds",
+            "Each live replica's last reported step duration in seconds "
+            "(absent until it reports one)",
+            ["replica_id"],
+            registry=r,
+        )
+        self.heals_counter = Counter(
+            "lighthouse_heals",
+            "Members that entered a quorum behind its highest step, so heal from a peer "
+            "(bytes and transfer time are not reported to the lighthouse)",
+            registry=r,
+        )
+        self.catch_up = Histogram(
+            "lighthouse_heal_catch_up_seconds",
+            "From a healing member's quorum to its first report of the quorum's step, "
+            "in seconds (the heal plus one step)",
+            buckets=_CATCH_UP_BUCKETS_S,
+            registry=r,
+        )
+        self.quarantines = Counter(
+            "lighthouse_quarantines", "Quarantines imposed (every strike counts)", registry=r
+        )
 
     def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None:
         self.quorums.inc()
@@ -75,12 +109,28 @@ class LighthouseMetrics:
         label = "stream" if "stream" in cause else "heartbeat"
         self.deaths.labels(cause=label).inc(count)
 
+    def replica_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
+        self.replica_step.labels(replica_id=replica_id).set(step)
+        if step_time_ms > 0:
+            self.replica_step_time.labels(replica_id=replica_id).set(step_time_ms / 1000)
+
+    def replica_gone(self, replica_id: str) -> None:
+        """Drop a departed replica's series, so restarted incarnations do not pile up."""
+        for gauge in (self.replica_step, self.replica_step_time):
+            with contextlib.suppress(KeyError):  # it never reported progress
+                gauge.remove(replica_id)
+
+    def heals(self, count: int) -> None:
+        self.heals_counter.inc(count)
+
+    def caught_up(self, seconds: float) -> None:
+        self.catch_up.observe(seconds)
+
+    def quarantined(self, count: int) -> None:
+        self.quarantines.inc(count)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _dashboard_html() -> bytes:
-    return resources.files("lighthouse").joinpath("static/index.html").read_bytes()
 
 
 READ_TIMEOUT_S = 10.0  # a status connection idle this long (s) is closed
@@ -142,7 +192,7 @@ class StatusHTTPServer:
         arrival (one log line per 10 s says so), so slow or idle clients cannot
         hold every thread and file descriptor and stop ``/status`` answering.
         """
-        page = _dashboard_html()
+        page = dashboard.dashboard_page()
 
         class Handler(BaseHTTPRequestHandler):
             timeout = read_timeout_s  # socket timeout for every read and write
@@ -161,10 +211,11 @@ class StatusHTTPServer:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 try:
-                    if path in ("/", "/index.html"):
-                        self._send(200, "text/html; charset=utf-8", page)
+                    if path in dashboard.PATHS:
+                        self._send(200, dashboard.CONTENT_TYPE, page)
                     elif path == "/status":
-                        body = json.dumps(snapshot(), indent=1).encode()
+                        # compact: the step history is thousands of numbers
+                        body = json.dumps(snapshot(), separators=(",", ":")).encode()
                         self._send(200, "application/json", body)
                     elif path == "/metrics":
                         self._send(200, CONTENT_TYPE_LATEST, metrics.render())

@@ -1,0 +1,87 @@
+"""A one-rank replica group for the dashboard test (torch-free, starts in about a second).
+
+``python -m tests.browser.replica --lighthouse ADDR --replica-id ID --step-ms MS``
+runs a ``ManagerServer`` and loops over quorum rounds like
+``python -m lighthouse.testing replica``, with two differences the dashboard
+needs: each request reports the previous step's duration (``step_time_ms``),
+and a result that says ``heal`` jumps to the quorum's step, as a Manager does
+once it has loaded a peer's state. One JSON line per round on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import timedelta
+
+from lighthouse._net import normalize_address
+from lighthouse.errors import FaultToleranceError
+from lighthouse.replica.client import ManagerClient
+from lighthouse.replica.server import ManagerServer
+from lighthouse.types import ManagerQuorumRequest
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.browser.replica")
+    p.add_argument("--lighthouse", required=True, type=normalize_address)
+    p.add_argument("--replica-id", required=True)
+    p.add_argument("--step-ms", type=float, default=50.0, help="simulated step, milliseconds")
+    p.add_argument("--rounds", type=int, default=100_000)
+    p.add_argument("--timeout-s", type=float, default=10.0, help="quorum timeout, seconds")
+    args = p.parse_args(argv)
+    server = ManagerServer(
+        args.replica_id,
+        args.lighthouse,
+        bind="127.0.0.1:0",
+        store_addr="127.0.0.1:1",
+        world_size=1,
+        connect_timeout=timedelta(seconds=10),
+    )
+    client = ManagerClient(server.address())
+    print(json.dumps({"event": "ready", "address": server.address()}), flush=True)
+    step = 0
+    step_time_ms = 0.0
+    try:
+        for _ in range(args.rounds):
+            started = time.monotonic()
+            try:
+                r = client.quorum(
+                    ManagerQuorumRequest(
+                        group_rank=0,
+                        step=step,
+                        checkpoint_metadata="",
+                        timeout=timedelta(seconds=args.timeout_s),
+                        init_sync=False,
+                        step_time_ms=step_time_ms,
+                    )
+                )
+            except FaultToleranceError as exc:
+                print(json.dumps({"event": "error", "error": str(exc)}), flush=True)
+                continue
+            healed_from = step if r.heal else None
+            if r.heal:
+                step = r.max_step  # as if the peer's state had been loaded
+            print(
+                json.dumps(
+                    {
+                        "event": "quorum",
+                        "quorum_id": r.quorum_id,
+                        "size": r.replica_world_size,
+                        "step": step,
+                        "healed_from": healed_from,
+                    }
+                ),
+                flush=True,
+            )
+            time.sleep(args.step_ms / 1000)  # the simulated training step itself
+            step += 1
+            step_time_ms = (time.monotonic() - started) * 1000
+    finally:
+        server.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
