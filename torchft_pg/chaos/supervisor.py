@@ -176,7 +176,9 @@ class _Run:
         for r in self.ranks:
             if r.replica == replica:
                 if r.proc.is_alive() and r.proc.pid is not None:
-                    os.kill(r.proc.pid, signal.SIGKILL)
+                    # it may exit between the check and the kill (a planned death)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(r.proc.pid, signal.SIGKILL)
                 r.proc.join(timeout=10)
                 r.conn.close()
                 r.done = True
