@@ -10,6 +10,7 @@ About 25 s of CPU; on an idle 2-core machine about as long in wall time.
 from __future__ import annotations
 
 import json
+import random
 import re
 import signal
 import socket
@@ -26,10 +27,31 @@ RUN_TIMEOUT_S = 240.0  # generous: a loaded CI machine; the run itself takes ~25
 STOP_GRACE_S = 30.0  # seconds torchx gets to stop its roles after SIGTERM
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def free_fixed_port(rng: random.Random, taken: set[int]) -> int:
+    """A port no one listens on, below the kernel's ephemeral range (32768 and up on
+    Linux), so a port-0 bind elsewhere on the machine cannot take it between this check
+    and the lighthouse's own bind seconds later."""
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        if port in taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise RuntimeError("no free port in [20000, 32000) after 200 tries")
+
+
+def role_logs(log_dir: Path, tail_chars: int = 3000) -> str:
+    """The end of every role's log under torchx's ``log_dir``, to say why a run failed."""
+    parts = []
+    for path in sorted(log_dir.rglob("combined.log")):
+        text = path.read_text(errors="replace")
+        parts.append(f"--- {path.relative_to(log_dir)} ---\n{text[-tail_chars:]}")
+    return "\n".join(parts) or f"(no role logs under {log_dir})"
 
 
 def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
@@ -38,6 +60,7 @@ def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
     secret.chmod(0o600)
     state_file = tmp_path / "lighthouse.state.json"
     venv_bin = Path(sys.executable).parent
+    rng, ports = random.Random(), set[int]()
     # torchx's local schedulers run each role with this process's environment: the
     # venv's python and torchrun come first on PATH.
     env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
@@ -58,9 +81,9 @@ def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
         "--job_secret_file",
         str(secret),
         "--lighthouse_port",
-        str(free_port()),
+        str(free_fixed_port(rng, ports)),
         "--lighthouse_http_port",
-        str(free_port()),
+        str(free_fixed_port(rng, ports)),
         "--lighthouse_state_file",
         str(state_file),
         "--exit_when_idle_s",
@@ -80,9 +103,11 @@ def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             output, _ = proc.communicate()
-        pytest.fail(f"torchx run did not finish in {RUN_TIMEOUT_S:g} s:\n{output[-4000:]}")
+        pytest.fail(
+            f"torchx run did not finish in {RUN_TIMEOUT_S:g} s:\n{role_logs(tmp_path / 'logs')}"
+        )
 
-    assert proc.returncode == 0, output[-4000:]
+    assert proc.returncode == 0, f"{output[-3000:]}\n{role_logs(tmp_path / 'logs')}"
     assert "Job finished: SUCCEEDED" in output
     for group in (0, 1):
         steps = [
