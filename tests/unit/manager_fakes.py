@@ -6,7 +6,7 @@ No sockets: every result, vote and payload is what the test put there.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future as ThreadFuture
 from datetime import timedelta
 from typing import Any
@@ -77,10 +77,10 @@ class FakeClient:
     remote `ManagerClient`, `quorum_async` runs `quorum` on a thread of its own."""
 
     def __init__(
-        self, results: list[QuorumResult], decisions: list[bool | Exception] | None = None
+        self, results: list[QuorumResult], decisions: Sequence[bool | Exception] | None = None
     ) -> None:
         self.results = list(results)
-        self.decisions = decisions
+        self.decisions = list(decisions) if decisions is not None else None
         self.requests: list[ManagerQuorumRequest] = []
         self.quorum_calls: list[dict[str, Any]] = []
         self.votes: list[tuple[int, bool]] = []
