@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
 from torchft_pg.chaos.plan import FaultPlan
 
 __all__ = ["ChaosConfig", "ChaosReport"]
@@ -34,8 +35,12 @@ class ChaosConfig:
     deadline_s: float = 300.0  # the whole run; past it everything is killed and the run fails
     hidden: int = 64
     seed: int = 0
-    step_time_s: float = 0.02  # simulated compute per step, so survivors do not race ahead
+    step_time_s: float = 0.02  # simulated compute per (inner) step, so survivors do not race ahead
     oracle: bool = True  # replay the committed history at the end and compare
+    # DILOCO: each group trains with DiLoCo (`diloco_trainer`); a step is an outer sync,
+    # the oracle is the DiLoCo replay (`diloco_oracle`). Single-rank groups only.
+    algorithm: Algorithm = Algorithm.DDP
+    diloco: DiLoCoSettings = field(default_factory=DiLoCoSettings)
     verbose: bool = True
     log_level: int = logging.WARNING  # the replicas' logging (INFO shows every quorum and heal)
 
@@ -71,7 +76,9 @@ class ChaosReport:
     join_configure_s: list[float] = field(default_factory=list)
     join_heal_s: list[float] = field(default_factory=list)
     quorum_ids: list[str] = field(default_factory=list)
-    oracle_steps: int = 0  # committed steps the oracle replayed (0: it did not run)
+    # DiLoCo: every heal, (replica, incarnation, outer step healed to, source replica)
+    heals: list[tuple[int, int, int, int]] = field(default_factory=list)
+    oracle_steps: int = 0  # committed (outer) steps the oracle replayed (0: it did not run)
     oracle_max_error: float = 0.0  # largest |replica - replay| over the final floats
     # largest relative error of a reported loss or gradient norm against the replay's
     oracle_max_loss_error: float = 0.0

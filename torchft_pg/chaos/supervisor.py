@@ -34,10 +34,13 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
+from torchft_pg.chaos import diloco_oracle, oracle
 from torchft_pg.chaos import events as ev
-from torchft_pg.chaos import oracle
 from torchft_pg.chaos.config import ChaosConfig, ChaosReport
+from torchft_pg.chaos.diloco_events import OuterStepEnded, TraceEvent
+from torchft_pg.chaos.diloco_workload import Algorithm
 from torchft_pg.chaos.ledger import Ledger
+from torchft_pg.chaos.outer_ledger import OuterLedger
 from torchft_pg.chaos.plan import Fault
 from torchft_pg.chaos.schedule import FaultSchedule
 from torchft_pg.chaos.trainer import GO_KEY, TrainerConfig, run_trainer
@@ -94,6 +97,12 @@ class _Run:
         self.report = ChaosReport()
         self.start = time.time()
         self.ledger = Ledger(Workload(seed=config.seed, hidden=config.hidden))
+        # DiLoCo: every rank's trace, for the outer-step checks and the DiLoCo replay
+        self.outer = (
+            OuterLedger(Workload(seed=config.seed, hidden=config.hidden), config.diloco)
+            if config.algorithm == Algorithm.DILOCO
+            else None
+        )
         # The job's committed step outlives a lighthouse restart (as the CLI keeps it).
         self.state_dir = tempfile.mkdtemp(prefix="torchft-pg-chaos-")
         self.lighthouse = self._start_lighthouse("127.0.0.1:0")
@@ -163,6 +172,8 @@ class _Run:
                 released=tuple(sorted(self.schedule.released.items())),
                 finish_at=self.schedule.finish_at,
                 log_level=self.c.log_level,
+                algorithm=self.c.algorithm,
+                diloco=self.c.diloco,
             )
             proc = _CTX.Process(
                 target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
@@ -216,6 +227,10 @@ class _Run:
 
     # -- events ------------------------------------------------------------------
     def on_event(self, rank: _Rank, event: ev.Event) -> None:
+        if self.outer is not None and isinstance(event, (TraceEvent, OuterStepEnded)):
+            self.outer.record(event)
+        if self.outer is not None and isinstance(event, ev.Done):
+            self.outer.done(event)
         if isinstance(event, ev.StepEnded):
             self.on_step(event)
         elif isinstance(event, ev.Contribution):
@@ -387,7 +402,7 @@ class _Run:
                     self.on_exit(r)
             self.on_timers()
             self.release_ready()
-            if self.report.failures or self.ledger.failures:
+            if self.report.failures or self.ledger.failures or (self.outer and self.outer.failures):
                 return
 
     # -- the end -----------------------------------------------------------------
@@ -407,6 +422,9 @@ class _Run:
         rep.wall_s = self.t()
         self.ledger.finish()
         rep.failures.extend(self.ledger.failures)
+        if self.outer is not None:
+            rep.failures.extend(self.outer.failures)
+            rep.heals = list(self.outer.heals)
         rep.commits = self.ledger.commits
         rep.quorum_ids = self.ledger.quorum_ids
         if not rep.failures:
@@ -433,6 +451,12 @@ class _Run:
             )
         if rep.failures or not self.c.oracle:
             return
+        if self.outer is not None:
+            replayed = diloco_oracle.check(self.outer.history(), self.outer_finals())
+            rep.oracle_steps = replayed.outer_steps_replayed
+            rep.oracle_max_error = replayed.max_error
+            rep.failures.extend(f"oracle: {f}" for f in replayed.failures)
+            return
         final_step = next(iter(rep.final_steps.values()))
         for group_rank in range(self.c.group_world_size):
             history, problems = self.ledger.history(final_step, group_rank)
@@ -450,6 +474,15 @@ class _Run:
             rep.oracle_max_error = max(rep.oracle_max_error, verdict.max_error)
             rep.oracle_max_loss_error = max(rep.oracle_max_loss_error, verdict.max_loss_error)
             rep.failures.extend(f"oracle: {f}" for f in verdict.failures)
+
+    def outer_finals(self) -> dict[tuple[int, int], FlatState]:
+        """Each replica's final state, keyed (replica, incarnation) (DiLoCo only)."""
+        assert self.outer is not None
+        return {
+            key: state
+            for key, state in self.outer.finals.items()
+            if key[1] == self.incarnations.get(key[0])
+        }
 
 
 def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> ChaosReport:

@@ -1,0 +1,255 @@
+"""What every chaos trainer rank has around its training loop, whatever the algorithm.
+
+`RankHarness` builds the rank's fault-injecting process group, heal
+transport and Manager (`injection`), tells the supervisor it is ready and
+waits for its go, reads the supervisor's messages (`events.Release`,
+`events.Finish`) and fires the fault plan at the rank's (replica, step)
+points, arming the phase faults. The loops themselves are in `trainer.py`
+(DDP) and `diloco_trainer.py` (DiLoCo).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+from torch.distributed import TCPStore
+
+from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
+from torchft_pg.chaos.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
+from torchft_pg.chaos.exact_sum import ExactSumProcessGroup
+from torchft_pg.chaos.injection import (
+    Action,
+    FaultInjectingManager,
+    FaultInjectingProcessGroup,
+    FaultInjectingTransport,
+    Injector,
+    Phase,
+)
+from torchft_pg.chaos.plan import Fault, FaultPlan
+from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport, PGTransport
+from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
+
+__all__ = ["GO_KEY", "Commands", "Events", "RankHarness", "TrainerConfig"]
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """One rank of one replica group. Timeouts in seconds."""
+
+    replica: int
+    lighthouse_addr: str
+    store_port: int  # this replica group's TCPStore (one per incarnation)
+    steps: int
+    plan: FaultPlan = field(default_factory=FaultPlan)
+    fired: frozenset[tuple[int, int]] = frozenset()  # faults already fired by earlier incarnations
+    incarnation: int = 0
+    group_rank: int = 0
+    group_world_size: int = 1
+    pg_kind: str = "gloo"  # or "baby"
+    transport: str = "http"  # heal over HTTP, or "pg": over the reconfigured process group
+    hidden: int = 64
+    seed: int = 0
+    timeout_s: float = 5.0
+    quorum_timeout_s: float = 60.0
+    min_replica_size: int = 1
+    delay_s: float = 0.5
+    expected_replicas: int = 1  # stop only once a commit at >= `steps` has all of them
+    step_time_s: float = 0.0  # simulated compute per (inner) step
+    log_level: int = logging.WARNING
+    # (planned step, step to fire at) of the fault groups released so far
+    released: tuple[tuple[int, int], ...] = ()
+    finish_at: int | None = None  # the supervisor's `Finish`, if it was already sent
+    algorithm: Algorithm = Algorithm.DDP  # DILOCO: steps are DiLoCo's outer syncs
+    diloco: DiLoCoSettings = field(default_factory=DiLoCoSettings)
+
+
+class Events(Protocol):
+    def put(self, event: Event) -> None: ...
+
+
+class Commands(Protocol):
+    """The supervisor's messages to this rank (a `multiprocessing` connection)."""
+
+    def poll(self) -> bool: ...
+
+    def recv(self) -> Any: ...
+
+
+GO_KEY = "torchft_pg/chaos/go"
+
+# Phase faults: (phase armed, action, whether this step's allreduce also fails so that
+# the next step brings a new quorum (configure) or a heal).
+_ARMED: dict[Fault, tuple[Phase, Action, bool]] = {
+    Fault.KILL_ALLREDUCE_BEFORE: (Phase.ALLREDUCE_BEFORE, Action.DIE, False),
+    Fault.KILL_ALLREDUCE_AFTER: (Phase.ALLREDUCE_AFTER, Action.DIE, False),
+    Fault.KILL_COMMIT_BEFORE: (Phase.COMMIT_BEFORE, Action.DIE, False),
+    Fault.KILL_COMMIT_AFTER: (Phase.COMMIT_AFTER, Action.DIE, False),
+    Fault.KILL_CONFIGURE: (Phase.CONFIGURE, Action.DIE, True),
+    Fault.KILL_HEALER: (Phase.HEAL_RECV, Action.DIE, True),
+    Fault.KILL_HEAL_SOURCE: (Phase.HEAL_SEND, Action.DIE, False),
+    Fault.PARTIAL_KILL: (Phase.ALLREDUCE_AFTER, Action.DIE, False),
+    Fault.FREEZE: (Phase.ALLREDUCE_BEFORE, Action.FREEZE, False),
+}
+
+
+class RankHarness:
+    """One rank's process group, Manager and link to the supervisor (module docstring).
+
+    `on_allreduce(tensors)` is called inside each allreduce, after the step's
+    quorum, with the tensors about to be sent. With `exact_sum`, float32
+    allreduces are summed in float64 (`exact_sum`); with `use_async_quorum`
+    False the Manager's quorum (and heal) is synchronous, as DiLoCo needs.
+    """
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        events: Events,
+        commands: Commands | None,
+        on_allreduce: Callable[[list[torch.Tensor]], None],
+        *,
+        use_async_quorum: bool = True,
+        exact_sum: bool = False,
+    ) -> None:
+        self.config = config
+        self.events = events
+        self.commands = commands
+        self.who = {
+            "replica": config.replica,
+            "group_rank": config.group_rank,
+            "incarnation": config.incarnation,
+        }
+        timeout = timedelta(seconds=config.timeout_s)
+        self.manager: FaultInjectingManager | None = None
+        self.injector = Injector(self._announce)
+        self.inner_pg: ProcessGroup = (
+            ProcessGroupBabyGloo(timeout=timeout)
+            if config.pg_kind == "baby"
+            else ProcessGroupGloo(timeout=timeout)
+        )
+        reducing = ExactSumProcessGroup(self.inner_pg) if exact_sum else self.inner_pg
+        self.pg = FaultInjectingProcessGroup(reducing, self.injector, on_allreduce)
+        self._manager_start = time.time()
+        transport: CheckpointTransport[Any] = (
+            PGTransport(self.pg, timeout=timeout, device=torch.device("cpu"))
+            if config.transport == "pg"
+            else HTTPTransport(timeout)
+        )
+        self.manager = FaultInjectingManager(
+            self.pg,
+            injector=self.injector,
+            checkpoint_transport=FaultInjectingTransport(transport, self.injector),
+            min_replica_size=config.min_replica_size,
+            use_async_quorum=use_async_quorum,
+            rank=config.group_rank,
+            world_size=config.group_world_size,
+            store_addr="127.0.0.1",
+            store_port=config.store_port,
+            lighthouse_addr=config.lighthouse_addr,
+            replica_id=f"replica{config.replica}",
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=config.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=30),
+        )
+        self.fired = set(config.fired)
+        self.released = dict(config.released)
+        self.finish_at = config.finish_at if commands is not None else 0
+
+    @property
+    def m(self) -> FaultInjectingManager:
+        """The Manager (built in the constructor)."""
+        assert self.manager is not None
+        return self.manager
+
+    def _announce(self, action: Action, phase: Phase) -> None:
+        step = self.manager.current_step() if self.manager is not None else 0
+        if action == Action.DIE:
+            self.events.put(Dying(**self.who, at=time.time(), phase=phase.value, step=step))
+        else:
+            self.events.put(
+                Frozen(**self.who, at=time.time(), phase=phase.value, step=step, pid=os.getpid())
+            )
+
+    def start(self) -> None:
+        """Report Ready once the group can meet its peers, then wait for the supervisor's go.
+
+        Ready only once a Baby child serves, so every first incarnation is live
+        at the lighthouse before the supervisor says go, and the supervisor
+        releases every first incarnation together, so no replica trains alone.
+        """
+        self.pg.wait_started(timedelta(seconds=120))
+        now = time.time()
+        self.events.put(Ready(**self.who, at=now, manager_s=now - self._manager_start))
+        TCPStore(
+            "127.0.0.1",
+            self.config.store_port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=120),
+        ).wait([GO_KEY])
+
+    def poll(self) -> None:
+        """Take the supervisor's messages sent so far."""
+        while self.commands is not None and self.commands.poll():
+            message = self.commands.recv()
+            if isinstance(message, Release):
+                self.released[message.planned_step] = message.fire_at
+            elif isinstance(message, Finish):
+                self.finish_at = message.at_step
+
+    def finished(self, committed: bool) -> bool:
+        """Stop together: this step was a commit at or past the run's end that every
+        replica took part in.
+
+        Only a commit counts: a discarded step's quorum may count a replica that
+        then failed, and the others stopping there would leave it training alone.
+        """
+        if self.finish_at is None:
+            return False
+        return (
+            committed
+            and self.m.current_step() >= max(self.config.steps, self.finish_at)
+            and self.m.num_participants() >= self.config.expected_replicas
+        )
+
+    def fire_due(self, step: int) -> Fault | None:
+        """Fire the fault planned (and released) for this rank at `step`, if any: report
+        it and arm its phase fault. Returns it, for the loop to act on the others."""
+        c = self.config
+        due = c.plan.due(
+            c.replica, step, self.fired, self.released if self.commands is not None else None
+        )
+        if due is None:
+            return None
+        planned, fault = due
+        self.fired.add((c.replica, planned))
+        self.events.put(
+            FaultFired(
+                **self.who, at=time.time(), planned_step=planned, fault=fault.value, step=step
+            )
+        )
+        if fault == Fault.FAIL_ALLREDUCE:
+            self.pg.fail_next = True
+        if fault in _ARMED and not (
+            fault == Fault.PARTIAL_KILL and c.group_rank != c.group_world_size - 1
+        ):  # a partial kill: only the group's last rank dies
+            phase, action, fail_step = _ARMED[fault]
+            self.injector.arm(phase, action)
+            if fail_step:
+                self.pg.fail_next = True
+        return fault
+
+    def die_now(self) -> None:
+        """The KILL_REPLICA fault: SIGKILL this rank now (announced as dying in the forward)."""
+        self.injector.arm(Phase.FORWARD, Action.DIE)
+        self.injector.hit(Phase.FORWARD)
+
+    def shutdown(self) -> None:
+        self.m.shutdown(wait=False)
