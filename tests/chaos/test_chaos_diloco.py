@@ -85,26 +85,27 @@ def test_diloco_kills_and_a_lighthouse_restart_lose_no_outer_step() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(700)  # the run's own deadline is 600 s
+@pytest.mark.timeout(660)  # the run's own deadline is 600 s
 def test_diloco_soak_with_every_single_rank_fault() -> None:
-    """20 kills and 20 other faults of every kind a single-rank group can take
-    (phase kills, heal kills, freezes, delays, lighthouse restarts), some overlapping."""
+    """12 kills and 14 other faults of every kind a single-rank group can take
+    (phase kills, heal kills, freezes, delays, lighthouse restarts), 3 overlapping."""
     kinds = [k for k in Fault if k not in (Fault.KILL_BABY_CHILD, Fault.PARTIAL_KILL)]
     plan = FaultPlan.random(
         seed=13,
         replicas=3,
-        steps=400,
-        kills=20,
-        other_faults=20,
+        steps=240,
+        kills=12,
+        other_faults=14,
         gap=8,
         same_replica_gap=16,
         kinds=kinds,
-        overlaps=4,
+        overlaps=3,
     )
+    assert plan.count(Fault.FREEZE) > 0
     report = run_chaos(
         ChaosConfig(
             replicas=3,
-            steps=400,
+            steps=240,
             plan=plan,
             algorithm=Algorithm.DILOCO,
             diloco=SETTINGS,
@@ -114,7 +115,7 @@ def test_diloco_soak_with_every_single_rank_fault() -> None:
         )
     )
     _check(report)
-    assert report.kills >= plan.count(Fault.KILL_REPLICA)
+    assert report.kills >= plan.count(Fault.KILL_REPLICA) and report.freezes
 
 
 # -- the replay and the outer-step check, on a trace built by hand --------------------
@@ -223,3 +224,5 @@ def test_diloco_settings_refuse_a_schedule_the_workload_cannot_run() -> None:
         DiLoCoSettings(fragments=2, sync_every=3)
     with pytest.raises(ValueError, match="fragment_sync_delay must be in"):
         DiLoCoSettings(fragments=2, sync_every=4, fragment_sync_delay=2)
+    with pytest.raises(ValueError, match="group_world_size=2"):
+        ChaosConfig(algorithm=Algorithm.DILOCO, group_world_size=2)

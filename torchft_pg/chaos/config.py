@@ -44,6 +44,13 @@ class ChaosConfig:
     verbose: bool = True
     log_level: int = logging.WARNING  # the replicas' logging (INFO shows every quorum and heal)
 
+    def __post_init__(self) -> None:
+        if self.algorithm == Algorithm.DILOCO and self.group_world_size != 1:
+            raise ValueError(
+                "the DiLoCo chaos mode runs single-rank replica groups, got "
+                f"group_world_size={self.group_world_size}"
+            )
+
 
 @dataclass
 class ChaosReport:
