@@ -21,6 +21,7 @@ from lighthouse.errors import FaultToleranceError
 from tests.integration.lh_fixtures import lighthouse, quorum_request
 from tests.integration.test_lh_manager import in_threads
 from tests.multiproc import RankContext, run_ranks
+from tests.security.healing_job import replica_with_env
 from torchft_pg.checkpointing import HTTPTransport
 
 pytestmark = pytest.mark.timeout(120)
@@ -150,57 +151,13 @@ def test_the_secret_comes_from_the_argument_the_environment_or_a_file(
     assert os.environ["TORCHFT_JOB_SECRET"].endswith("-from-env")
 
 
-def _replica_with_secret_in_env(ctx: RankContext) -> dict[str, Any]:
-    from torch.distributed import TCPStore
-
-    from torchft_pg import Manager, ProcessGroupGloo
-
-    lighthouse_addr, secret = ctx.args
-    os.environ["TORCHFT_JOB_SECRET"] = secret  # what a launcher would export
-    weight = torch.full((4,), float(ctx.rank * 100))  # replica 1 must heal this away
-
-    def load(sd: dict[str, torch.Tensor]) -> None:
-        weight.copy_(sd["w"])
-
-    if ctx.rank == 1:
-        ctx.store.wait(["replica0/at-step-2"])
-    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        load_state_dict=load,
-        state_dict=lambda: {"w": weight},
-        min_replica_size=1,
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
-        lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{ctx.rank}",
-        timeout=timedelta(seconds=10),
-    )
-    participants: list[int] = []
-    try:
-        for _ in range(100):  # bounded: replica 0 may step alone a while first
-            if manager.current_step() >= 6 and 2 in participants:
-                break
-            manager.start_quorum()
-            grad = torch.ones(4)
-            manager.allreduce(grad).wait()
-            if manager.should_commit():
-                weight.add_(grad)
-            participants.append(manager.num_participants())
-            if ctx.rank == 0 and manager.current_step() == 2:
-                ctx.store.set("replica0/at-step-2", "1")
-        return {"step": manager.current_step(), "w": weight.tolist()}
-    finally:
-        manager.shutdown()
-
-
 def test_a_job_whose_processes_share_the_secret_trains_and_heals() -> None:
     with LighthouseServer(
         bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, job_secret=SECRET
     ) as lh:
-        r0, r1 = run_ranks(_replica_with_secret_in_env, 2, lh.address(), SECRET, timeout=120)
+        r0, r1 = run_ranks(
+            replica_with_env, 2, lh.address(), {"TORCHFT_JOB_SECRET": SECRET}, None, timeout=120
+        )
     assert r0["step"] == r1["step"] >= 6
     assert r0["w"] == r1["w"]  # replica 1 healed over the secret-checked HTTP server
 

@@ -10,7 +10,6 @@ replica processes; every stranger runs in a process of its own.
 from __future__ import annotations
 
 import http.client
-import os
 import re
 import signal
 from datetime import timedelta
@@ -27,6 +26,7 @@ from lighthouse.tls import TlsConfig, resolve_tls
 from tests.integration.lh_fixtures import lighthouse, processes, quorum_request
 from tests.integration.test_lh_manager import in_threads
 from tests.multiproc import RankContext, run_ranks
+from tests.security.healing_job import replica_with_env
 from tests.security.tls_certs import JobCerts, make_job_certs, make_server_cert
 from torchft_pg.checkpointing import HTTPTransport
 from torchft_pg.errors import RecoveryError
@@ -77,53 +77,6 @@ def _receive(tls: TlsConfig | None, metadata: str) -> str:
 # -- a whole job over TLS ------------------------------------------------------------------
 
 
-def _replica_with_tls_in_env(ctx: RankContext) -> dict[str, Any]:
-    from torch.distributed import TCPStore
-
-    from torchft_pg import Manager, ProcessGroupGloo
-
-    lighthouse_addr, env = ctx.args
-    os.environ.update(env)  # what a launcher would export to every process of the job
-    weight = torch.full((4,), float(ctx.rank * 100))  # replica 1 must heal this away
-
-    def load(sd: dict[str, torch.Tensor]) -> None:
-        weight.copy_(sd["w"])
-
-    if ctx.rank == 1:
-        ctx.store.wait(["replica0/at-step-2"])
-    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        load_state_dict=load,
-        state_dict=lambda: {"w": weight},
-        min_replica_size=1,
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
-        lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{ctx.rank}",
-        hostname="127.0.0.1",  # a name the job's certificate carries
-        timeout=timedelta(seconds=10),
-    )
-    participants: list[int] = []
-    try:
-        for _ in range(100):  # bounded: replica 0 may step alone a while first
-            if manager.current_step() >= 6 and 2 in participants:
-                break
-            manager.start_quorum()
-            grad = torch.ones(4)
-            manager.allreduce(grad).wait()
-            if manager.should_commit():
-                weight.add_(grad)
-            participants.append(manager.num_participants())
-            if ctx.rank == 0 and manager.current_step() == 2:
-                ctx.store.set("replica0/at-step-2", "1")
-        return {"step": manager.current_step(), "w": weight.tolist(), "participants": participants}
-    finally:
-        manager.shutdown()
-
-
 @pytest.mark.parametrize("secret", [None, SECRET], ids=["tls", "tls+secret"])
 def test_a_job_with_tls_in_its_environment_trains_and_heals_over_https(
     certs: JobCerts, job_tls: TlsConfig, secret: str | None
@@ -132,7 +85,8 @@ def test_a_job_with_tls_in_its_environment_trains_and_heals_over_https(
     with LighthouseServer(
         bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=200, job_secret=secret, tls=job_tls
     ) as lh:
-        r0, r1 = run_ranks(_replica_with_tls_in_env, 2, lh.address(), env, timeout=120)
+        # 127.0.0.1: a name the job's certificate carries
+        r0, r1 = run_ranks(replica_with_env, 2, lh.address(), env, "127.0.0.1", timeout=120)
     assert r0["step"] == r1["step"] >= 6
     assert 2 in r0["participants"] and 2 in r1["participants"]
     # Replica 1 started at 100s and joined at step 2: its weights equal replica 0's

@@ -1,0 +1,63 @@
+"""A 2-replica Manager job configured only through its environment, for the
+security tests: replica 1 joins at step 2 with other weights, and ends equal
+to replica 0 only if it healed (over whatever the environment turned on: the
+job secret, TLS)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from tests.multiproc import RankContext
+
+
+def replica_with_env(ctx: RankContext) -> dict[str, Any]:
+    """Rank `ctx.rank` as replica group `ctx.rank`; `ctx.args` = (lighthouse
+    address, environment to export, hostname to advertise or None)."""
+    from torch.distributed import TCPStore
+
+    from torchft_pg import Manager, ProcessGroupGloo
+
+    lighthouse_addr, env, hostname = ctx.args
+    os.environ.update(env)  # what a launcher would export to every process of the job
+    weight = torch.full((4,), float(ctx.rank * 100))  # replica 1 must heal this away
+
+    def load(sd: dict[str, torch.Tensor]) -> None:
+        weight.copy_(sd["w"])
+
+    if ctx.rank == 1:
+        ctx.store.wait(["replica0/at-step-2"])
+    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        load_state_dict=load,
+        state_dict=lambda: {"w": weight},
+        min_replica_size=1,
+        rank=0,
+        world_size=1,
+        store_addr="127.0.0.1",
+        store_port=group_store.port,
+        lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica{ctx.rank}",
+        hostname=hostname,
+        timeout=timedelta(seconds=10),
+    )
+    participants: list[int] = []
+    try:
+        for _ in range(100):  # bounded: replica 0 may step alone a while first
+            if manager.current_step() >= 6 and 2 in participants:
+                break
+            manager.start_quorum()
+            grad = torch.ones(4)
+            manager.allreduce(grad).wait()
+            if manager.should_commit():
+                weight.add_(grad)
+            participants.append(manager.num_participants())
+            if ctx.rank == 0 and manager.current_step() == 2:
+                ctx.store.set("replica0/at-step-2", "1")
+        return {"step": manager.current_step(), "w": weight.tolist(), "participants": participants}
+    finally:
+        manager.shutdown()
