@@ -19,6 +19,7 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "advertised_host",
     "bind_server",
+    "connection_error",
     "grpc_server_options",
     "join_host_port",
     "method_handlers",
@@ -152,3 +153,24 @@ def stub(channel: Any, method: services.Method) -> Any:
     """The client callable for ``method`` on ``channel`` (blocking or asyncio),
     built with the shape the method table gives it."""
     return getattr(channel, method.shape)(method.path)
+
+
+# A method no server serves: calling it reads a channel's last connection error.
+_PROBE_METHOD = "/torchft_pg.LighthouseService/ConnectionProbe"
+
+
+async def connection_error(channel: Any, timeout_s: float = 1.0) -> str:
+    """An asyncio channel's last connection error (a refused connection, a failed
+    TLS handshake), or "" if it does not say within `timeout_s` seconds.
+
+    Asked with a call to a method no server serves (so it never reaches a
+    handler): on a channel that cannot connect it fails at once with that
+    error; one that connected meanwhile answers UNIMPLEMENTED.
+    """
+    probe = channel.unary_unary(_PROBE_METHOD)
+    try:
+        await probe(b"", timeout=timeout_s)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
+            return exc.details() or ""
+    return ""

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import grpc
 
 from lighthouse import auth, services, wire
-from lighthouse._net import CHANNEL_OPTIONS, stub
+from lighthouse._net import CHANNEL_OPTIONS, connection_error, stub
 from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
@@ -48,8 +48,6 @@ RETRY_FAST_FOR_S = 1.0  # how long an outage is retried at the fast pace (second
 RETRY_MAX_S = 0.5  # the slowest pace (seconds between attempts)
 # A channel of its own: a fresh channel must not inherit the backoff of a shared subchannel.
 _LINK_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-# A method no server serves: calling it reads a channel's last connection error.
-_PROBE_METHOD = "/torchft_pg.LighthouseService/ConnectionProbe"
 
 
 def retry_delay(down_s: float, previous_s: float) -> float:
@@ -188,20 +186,8 @@ class LighthouseLink:
             ) from None
 
     async def _why_unreachable(self) -> str:
-        """The channel's last connection error (a refused connection, a failed TLS
-        handshake), or "" if it does not say within a second.
-
-        Asked with a call to a method no server serves: on a channel that cannot
-        connect it fails at once with that error; one that connected meanwhile
-        answers UNIMPLEMENTED, so the call never reaches a handler.
-        """
-        probe = self._channel.unary_unary(_PROBE_METHOD)
-        try:
-            await probe(b"", timeout=1.0)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                return exc.details() or ""
-        return ""
+        """The channel's last connection error, or "" if it does not say within a second."""
+        return await connection_error(self._channel, 1.0)
 
     @property
     def open_generation(self) -> int | None:
