@@ -54,6 +54,11 @@ def role_logs(log_dir: Path, tail_chars: int = 3000) -> str:
     return "\n".join(parts) or f"(no role logs under {log_dir})"
 
 
+# In `make test` on a clean clone this run hung twice in a row (both groups trained
+# and left, but the lighthouse role never saw the job idle and torchx did not end),
+# while it passes alone, in that same clone, in about 15 s. Until that interaction
+# with the rest of the suite is found it runs with the soaks (`make test-slow`).
+@pytest.mark.slow
 def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
     secret = tmp_path / "job-secret"
     secret.write_text("0123456789abcdef0123456789abcdef\n")
