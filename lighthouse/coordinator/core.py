@@ -23,7 +23,7 @@ from lighthouse.coordinator.history import HistoryMetrics, JobHistory
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
-from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, QuorumMember
+from lighthouse.types import FailureNotice, HealReport, LeaseFloor, LeaseRecall, QuorumMember
 
 log = logging.getLogger("lighthouse")
 
@@ -97,7 +97,7 @@ class LighthouseCore:
         self.waiters[rid] = fut
         now = self.clock.now()
         self.state.request(member, now)
-        self.history.progress(rid, member.step, member.step_time_ms, now, _unix_ms())
+        self.history.progress(rid, member.step, member.step_time_ms, now, _unix_ms(), member.heal)
         self.lease.asked(rid)
         if self.lease.holders and not self.state.is_quarantined(rid, now):
             waiting = [p.member for p in self.state.pending.values()]
@@ -124,12 +124,15 @@ class LighthouseCore:
         """A sign of life from ``replica_id``."""
         self.state.heartbeat(replica_id, self.clock.now())
 
-    def progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
-        """A liveness ping: a sign of life and the step of the replica's latest round."""
+    def progress(
+        self, replica_id: str, step: int, step_time_ms: float, heal: HealReport | None = None
+    ) -> None:
+        """A liveness ping: a sign of life and the step of the replica's latest round
+        (``heal``: the replica's latest heal, if the ping reports one)."""
         now = self.clock.now()
         self.state.heartbeat(replica_id, now)
         self.state.report_progress(replica_id, step, step_time_ms)
-        self.history.progress(replica_id, step, step_time_ms, now, _unix_ms())
+        self.history.progress(replica_id, step, step_time_ms, now, _unix_ms(), heal)
         self._send_floor(self.lease.progress(replica_id, step, now))
         self._persist(now)
 
@@ -144,17 +147,25 @@ class LighthouseCore:
             for q in self.streams.get(rid, ()):
                 q.put_nowait(payload)
 
+    def _quorum_members(self) -> int:
+        """The size of the latest quorum, or the recalled size before this epoch's first."""
+        prev = self.state.prev
+        return len(prev.participants) if prev is not None else self.state.recalled_members
+
     def _persist(self, now: float) -> None:
         """Record the committed step (throttled; ``tick`` writes what was held back)."""
         if self.job_state is not None:
-            prev = self.state.prev
-            members = len(prev.participants) if prev is not None else self.state.recalled_members
-            self.job_state.record(self.state.committed_step, now, members)
+            self.job_state.record(self.state.committed_step, now, self._quorum_members())
 
     def flush_job_state(self) -> None:
-        """Write the committed step now (at shutdown)."""
+        """Write the committed step and the quorum size now (at shutdown).
+
+        The size matters as much as the step: the next lighthouse waits for a
+        majority of it before issuing (rule 3); a record of 0 would let the
+        first replica to reconnect commit a step alone while the others still
+        run the old quorum's steps."""
         if self.job_state is not None:
-            self.job_state.record(self.state.committed_step)
+            self.job_state.record(self.state.committed_step, quorum_members=self._quorum_members())
             self.job_state.flush()
 
     def _send_recall(self, recall: LeaseRecall | None) -> None:

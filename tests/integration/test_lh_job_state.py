@@ -4,6 +4,7 @@ same state file refuses a quorum that would restart the job below it (real gRPC)
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -44,6 +45,34 @@ def test_restarted_lighthouse_refuses_a_reset_below_the_recorded_step(tmp_path: 
     ) as lh:
         assert _ask(lh.address(), "fresh", 0, 5) == ["fresh"]
     assert json.loads(state.read_text())["committed_step"] == 0  # the reset is the new history
+
+
+def test_a_restarted_lighthouse_waits_for_a_majority_of_the_quorum_before_shutdown(
+    tmp_path: Path,
+) -> None:
+    """The quorum's size survives a clean shutdown as well as the step: the first
+    replica to reconnect must not get a quorum alone (it would commit a step
+    the others, still finishing the old quorum's step, never see)."""
+    state = tmp_path / "job.json"
+    with (
+        lighthouse(min_replicas=3, join_timeout_ms=5000, state_file=state) as lh,
+        ThreadPoolExecutor(3) as pool,
+    ):
+        asks = [pool.submit(_ask, lh.address(), rid, 4, 10) for rid in ("a", "b", "c")]
+        assert all(sorted(f.result()) == ["a", "b", "c"] for f in asks)
+    record = json.loads(state.read_text())
+    assert (record["committed_step"], record["quorum_members"]) == (4, 3), record
+
+    with (
+        lighthouse(
+            min_replicas=1, join_timeout_ms=0, heartbeat_timeout_ms=20_000, state_file=state
+        ) as lh,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        with pytest.raises(QuorumTimeoutError, match="the restart had 3 members"):
+            _ask(lh.address(), "a", 4, 1)
+        both = [pool.submit(_ask, lh.address(), rid, 4, 10) for rid in ("a", "b")]
+        assert all(sorted(f.result()) == ["a", "b"] for f in both)
 
 
 def test_without_a_state_file_a_restart_forgets_and_says_so() -> None:
