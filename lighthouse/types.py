@@ -59,6 +59,35 @@ class Timestamp(datetime):
         return self._since_epoch().microseconds * 1000
 
 
+@dataclass(frozen=True, kw_only=True)
+class HealReport:
+    """What one heal moved, measured by the replica that received the state.
+
+    A replica group that healed from a live peer reports this once, with its
+    next quorum request (and liveness ping), so the lighthouse's timeline and
+    ``/metrics`` show heal sizes and speeds; the lighthouse cannot see the
+    transfer itself, which runs between the healer and its source.
+
+    Attributes:
+        step: the step the group healed to (the source's committed step, >= 0).
+        bytes_received: checkpoint bytes received, tensor data plus the encoded
+            state skeleton, summed over the group's ranks (0 <= value < 2**63).
+        transfer_s: wall time of the transfer in seconds: fetching the state
+            from the source and decoding it into tensors (not loading it into
+            the model, which waits for the commit); the slowest rank's for a
+            multi-rank group (finite, >= 0).
+    """
+
+    step: int
+    bytes_received: int
+    transfer_s: float
+
+    @property
+    def gb_per_s(self) -> float | None:
+        """Throughput in GB/s (10**9 bytes per second); None for a zero duration."""
+        return self.bytes_received / self.transfer_s / 1e9 if self.transfer_s > 0 else None
+
+
 @dataclass(frozen=True)
 class QuorumMember:
     """One replica group's registration for a quorum.
@@ -81,6 +110,8 @@ class QuorumMember:
         unreachable: replica ids of the previous quorum this group could not
             reach after its last failed step (probed by its manager server; only
             with ``commit_failures`` > 0). See rule 8 in ``coordinator.quorum``.
+        heal: the group's latest heal, sent once with the first request after
+            it (None: nothing to report). Telemetry only: quorums ignore it.
     """
 
     replica_id: str
@@ -94,6 +125,7 @@ class QuorumMember:
     step_time_ms: float = 0.0
     checkpoint_metadata: tuple[str, ...] = ()
     unreachable: tuple[str, ...] = ()
+    heal: HealReport | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +180,8 @@ class ManagerQuorumRequest:
             a new quorum id.
         step_time_ms: telemetry, the duration of this rank's last step in
             milliseconds (finite, >= 0; 0 = unknown).
+        heal: telemetry, what this rank's latest heal moved, sent once with its
+            first request after the heal (None: nothing to report).
     """
 
     group_rank: int
@@ -158,6 +192,7 @@ class ManagerQuorumRequest:
     init_sync: bool = True
     commit_failures: int = 0
     step_time_ms: float = 0.0
+    heal: HealReport | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from lighthouse.types import ManagerQuorumRequest, QuorumMember
+from lighthouse.types import HealReport, ManagerQuorumRequest, QuorumMember
 
 MAX_ID_CHARS = 256
 MAX_ADDRESS_CHARS = 512
@@ -73,6 +73,23 @@ def _check_bool(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
+def check_heal_report(h: HealReport) -> HealReport:
+    """A heal report's types and ranges: ``step`` and ``bytes_received`` ints in
+    [0, 2**63) (the wire's int64), ``transfer_s`` a finite float >= 0 (seconds).
+    ``TypeError`` for a wrong type, ``ValueError`` for a value out of range, each
+    naming the field and the value."""
+    if not isinstance(h, HealReport):
+        raise TypeError(f"heal must be a HealReport or None, got {h!r:.100}")
+    _check_int("heal.step", h.step)
+    _check_int("heal.bytes_received", h.bytes_received)
+    s = h.transfer_s
+    if isinstance(s, bool) or not isinstance(s, (int, float)):
+        raise TypeError(f"heal.transfer_s must be a float number of seconds, got {s!r}")
+    if not math.isfinite(s) or s < 0:
+        raise ValueError(f"heal.transfer_s must be a finite number >= 0, got {s}")
+    return h
+
+
 def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequest:
     """Types and ranges of one rank's quorum request, checked before it is sent and
     after it is decoded: ``TypeError`` for a wrong type, ``ValueError`` for a value
@@ -92,6 +109,8 @@ def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequ
         raise TypeError(f"step_time_ms must be a float number of milliseconds, got {ms!r}")
     if not math.isfinite(ms) or ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {ms}")
+    if req.heal is not None:
+        check_heal_report(req.heal)
     return req
 
 
@@ -215,6 +234,8 @@ def check_member(m: QuorumMember) -> QuorumMember:
         )
     for rid in m.unreachable:
         check_replica_id(rid)
+    if m.heal is not None:
+        check_heal_report(m.heal)
     return m
 
 

@@ -19,6 +19,7 @@ from lighthouse import validate
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
     FailureNotice,
+    HealReport,
     LeaseFloor,
     LeaseRecall,
     ManagerQuorumRequest,
@@ -37,6 +38,20 @@ def _parse(cls: type, data: bytes) -> object:
     return msg
 
 
+# -- heal reports -------------------------------------------------------------------------
+def _heal_to_pb(h: HealReport, out: pb.HealReport) -> None:
+    out.step = h.step
+    out.bytes_received = h.bytes_received
+    out.transfer_s = h.transfer_s
+
+
+def _heal_from_pb(p: pb.HealReport) -> HealReport:
+    """Raises ``ValueError`` naming the field for a value out of range."""
+    return validate.check_heal_report(
+        HealReport(step=p.step, bytes_received=p.bytes_received, transfer_s=p.transfer_s)
+    )
+
+
 # -- members and quorums ------------------------------------------------------------------
 def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.replica_id = m.replica_id
@@ -52,6 +67,8 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
         out.checkpoint_metadata.extend(m.checkpoint_metadata)
     if m.unreachable:
         out.unreachable.extend(m.unreachable)
+    if m.heal is not None:
+        _heal_to_pb(m.heal, out.heal)
 
 
 def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
@@ -76,6 +93,7 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         step_time_ms=p.step_time_ms,
         checkpoint_metadata=tuple(p.checkpoint_metadata),
         unreachable=tuple(p.unreachable),
+        heal=_heal_from_pb(p.heal) if p.HasField("heal") else None,
     )
     return validate.with_data_json(m, text)  # relayed as received, never re-encoded
 
@@ -159,11 +177,19 @@ def decode_heartbeat_response(data: bytes) -> str:
 
 
 def encode_liveness_ping(
-    replica_id: str, leaving: bool = False, step: int = 0, step_time_ms: float = 0.0
+    replica_id: str,
+    leaving: bool = False,
+    step: int = 0,
+    step_time_ms: float = 0.0,
+    heal: HealReport | None = None,
 ) -> bytes:
-    return pb.LivenessPing(
+    """``heal``: the replica's latest heal, sent once (None: nothing to report)."""
+    ping = pb.LivenessPing(
         replica_id=replica_id, leaving=leaving, step=step, step_time_ms=step_time_ms
-    ).SerializeToString()
+    )
+    if heal is not None:
+        _heal_to_pb(heal, ping.heal)
+    return ping.SerializeToString()
 
 
 def decode_liveness_ping(data: bytes) -> tuple[str, bool]:
@@ -177,6 +203,17 @@ def decode_liveness_ping_progress(data: bytes) -> tuple[str, bool, int, float]:
     ping = _parse(pb.LivenessPing, data)
     assert isinstance(ping, pb.LivenessPing)
     return ping.replica_id, ping.leaving, ping.step, ping.step_time_ms
+
+
+def decode_liveness_ping_heal(
+    data: bytes,
+) -> tuple[str, bool, int, float, HealReport | None]:
+    """(replica id, leaving, step, step time ms, heal report or None) of a liveness
+    ping; ``ValueError`` for a heal report out of range."""
+    ping = _parse(pb.LivenessPing, data)
+    assert isinstance(ping, pb.LivenessPing)
+    heal = _heal_from_pb(ping.heal) if ping.HasField("heal") else None
+    return ping.replica_id, ping.leaving, ping.step, ping.step_time_ms, heal
 
 
 def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:
@@ -282,7 +319,7 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
     or ``ValueError`` naming the field and the value, before anything is sent.
     """
     validate.check_manager_quorum_request(req)
-    return pb.ManagerQuorumRequest(
+    out = pb.ManagerQuorumRequest(
         group_rank=req.group_rank,
         step=req.step,
         checkpoint_metadata=req.checkpoint_metadata,
@@ -290,7 +327,10 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
         init_sync=req.init_sync,
         commit_failures=req.commit_failures,
         step_time_ms=req.step_time_ms,
-    ).SerializeToString()
+    )
+    if req.heal is not None:
+        _heal_to_pb(req.heal, out.heal)
+    return out.SerializeToString()
 
 
 def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuorumRequest:
@@ -310,6 +350,7 @@ def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuo
         init_sync=r.init_sync,
         commit_failures=r.commit_failures,
         step_time_ms=r.step_time_ms,
+        heal=_heal_from_pb(r.heal) if r.HasField("heal") else None,
     )
     return validate.check_manager_quorum_request(req)
 

@@ -13,6 +13,7 @@ from lighthouse import validate, wire
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
     FailureNotice,
+    HealReport,
     ManagerQuorumRequest,
     Quorum,
     QuorumMember,
@@ -220,3 +221,81 @@ def test_unreachable_reports_are_bounded_and_named() -> None:
     with pytest.raises(ValueError, match="replica_id"):
         validate.check_member(replace(MEMBER, unreachable=("",)))
     assert validate.check_member(MEMBER) is MEMBER
+
+
+# -- heal reports ------------------------------------------------------------------------
+HEAL = HealReport(step=41, bytes_received=12_345_678, transfer_s=0.42)
+
+
+def test_heal_reports_travel_on_the_member_the_manager_request_and_the_ping() -> None:
+    member = replace(MEMBER, heal=HEAL)
+    assert (
+        wire.decode_lighthouse_quorum_request(wire.encode_lighthouse_quorum_request(member))
+        == member
+    )
+    req = ManagerQuorumRequest(
+        group_rank=0, step=42, checkpoint_metadata="m", timeout=timedelta(seconds=1), heal=HEAL
+    )
+    got = wire.decode_manager_quorum_request(
+        wire.encode_manager_quorum_request(req), timedelta(seconds=1)
+    )
+    assert got.heal == HEAL
+    ping = wire.encode_liveness_ping("x", False, 42, 3.5, HEAL)
+    assert wire.decode_liveness_ping_heal(ping) == ("x", False, 42, 3.5, HEAL)
+    assert wire.decode_liveness_ping_progress(ping) == ("x", False, 42, 3.5)
+
+
+def test_messages_without_a_heal_report_decode_to_none() -> None:
+    # what old clients send: the field is absent, so there is nothing to report
+    assert (
+        wire.decode_lighthouse_quorum_request(wire.encode_lighthouse_quorum_request(MEMBER)).heal
+        is None
+    )
+    old_request = pb.ManagerQuorumRequest(group_rank=0, step=3).SerializeToString()
+    assert wire.decode_manager_quorum_request(old_request, timedelta(seconds=1)).heal is None
+    old_ping = pb.LivenessPing(replica_id="x", step=3).SerializeToString()
+    assert wire.decode_liveness_ping_heal(old_ping) == ("x", False, 3, 0.0, None)
+
+
+def _heal(step: Any, nbytes: Any, seconds: Any) -> HealReport:
+    """A heal report with any values, right or wrong (what a buggy caller may build)."""
+    return HealReport(step=step, bytes_received=nbytes, transfer_s=seconds)
+
+
+@pytest.mark.parametrize(
+    ("heal", "error", "match"),
+    [
+        (_heal(-1, 0, 0.0), ValueError, r"heal\.step"),
+        (_heal(0, -5, 0.0), ValueError, r"heal\.bytes_received"),
+        (_heal(0, 2**63, 0.0), ValueError, r"heal\.bytes_received"),
+        (_heal(0, 1, -0.1), ValueError, r"heal\.transfer_s"),
+        (_heal(0, 1, float("nan")), ValueError, r"heal\.transfer_s"),
+        (_heal(0, 1, float("inf")), ValueError, r"heal\.transfer_s"),
+        (_heal(0, 1.5, 0.0), TypeError, r"heal\.bytes_received"),
+        (_heal(0, 1, "1"), TypeError, r"heal\.transfer_s"),
+    ],
+)
+def test_heal_reports_out_of_range_are_refused_naming_the_field(
+    heal: HealReport, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        validate.check_heal_report(heal)
+    with pytest.raises(error, match=match):
+        validate.check_member(replace(MEMBER, heal=heal))
+    req = ManagerQuorumRequest(
+        group_rank=0, step=1, checkpoint_metadata="", timeout=timedelta(seconds=1), heal=heal
+    )
+    with pytest.raises(error, match=match):
+        wire.encode_manager_quorum_request(req)
+
+
+def test_a_negative_heal_on_the_wire_is_refused_when_decoded() -> None:
+    ping = pb.LivenessPing(replica_id="x")
+    ping.heal.bytes_received = -1
+    with pytest.raises(ValueError, match=r"heal\.bytes_received"):
+        wire.decode_liveness_ping_heal(ping.SerializeToString())
+    req = pb.LighthouseQuorumRequest()
+    req.requester.replica_id = "r"
+    req.requester.heal.transfer_s = float("nan")
+    with pytest.raises(ValueError, match=r"heal\.transfer_s"):
+        wire.decode_lighthouse_quorum_request(req.SerializeToString())
