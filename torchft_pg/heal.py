@@ -5,21 +5,51 @@ every registered user state (model, optimizer, …) plus the Manager's own
 counters, so a healed replica resumes at exactly the sender's committed step.
 `Healer` moves it with a checkpoint transport (torchft's name for the
 mechanism); the received user state is applied just before the commit vote.
+
+A receive is measured (`Healer.last_received`): the bytes received, as the
+transport counts them (`CheckpointTransport.received_bytes`) or else the
+received state's tensor bytes, and the wall seconds of fetching and decoding
+it. The Manager reports that to the lighthouse with its next quorum request,
+for the dashboard's timeline and ``/metrics``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 from lighthouse import ManagerClientProtocol, QuorumResult
+from lighthouse.types import HealReport
 from torchft_pg.checkpointing import CheckpointTransport
+from torchft_pg.checkpointing.serialization import local_shard
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["Healer", "ReadGate", "StateDictRegistry"]
+__all__ = ["Healer", "ReadGate", "StateDictRegistry", "tensor_bytes"]
+
+
+def tensor_bytes(state: Any) -> int:
+    """Bytes of the tensor data in `state`: each tensor's elements times their
+    size (a DTensor's local shard only: what a heal moves), found through nested
+    dicts, lists and tuples; other values count nothing (a custom transport may
+    return any object, and counting must never fail a heal)."""
+    total = 0
+    stack = [state]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            shard = local_shard(x)
+            total += shard.numel() * shard.element_size()
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return total
 
 
 class ReadGate:
@@ -131,6 +161,7 @@ class Healer:
         self._group_rank = group_rank
         self._timeout = timeout
         self._pending: dict[str, Any] | None = None  # received user state, not yet applied
+        self.last_received: HealReport | None = None  # what the latest receive moved
 
     def send(self, result: QuorumResult, counters: dict[str, int]) -> None:
         """Serve this replica's state at `result.max_step` to the replicas healing from it."""
@@ -144,7 +175,13 @@ class Healer:
 
     def receive(self, result: QuorumResult) -> dict[str, int]:
         """Fetch the source's state for `result.max_step`; keep its user part for
-        `apply_pending` and return the Manager counters it carried."""
+        `apply_pending`, measure the transfer into `last_received` and return
+        the Manager counters the state carried.
+
+        The seconds measured span asking the source's metadata (if the quorum did
+        not carry it), fetching and decoding the state: what healing cost before
+        the step could go on; loading it into the model waits for the commit."""
+        start = time.perf_counter()
         metadata = result.recover_src_checkpoint_metadata or self._ask_metadata(
             result.recover_src_manager_address
         )
@@ -153,8 +190,15 @@ class Healer:
         payload = self.transport.recv_checkpoint(
             result.recover_src_replica_rank, metadata, result.max_step, self._timeout
         )
+        seconds = time.perf_counter() - start
         self._pending = payload["user"]
         counters: dict[str, int] = payload["torchft"]
+        counted = self.transport.received_bytes()
+        self.last_received = HealReport(
+            step=result.max_step,
+            bytes_received=counted if counted is not None else tensor_bytes(payload),
+            transfer_s=seconds,
+        )
         return counters
 
     def _ask_metadata(self, address: str) -> str:

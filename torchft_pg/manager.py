@@ -43,6 +43,7 @@ from lighthouse import (
     QuorumRejectedError,
     QuorumResult,
 )
+from lighthouse.types import HealReport
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.config import ManagerConfig
 from torchft_pg.errors import CommitFailedError, ExceptionWithTraceback, RecoveryError
@@ -212,6 +213,9 @@ class Manager:
         self._quorum_requested = 0.0
         self._timings: QuorumTimings | None = None
         self._step_time_ms = 0.0
+        # What this rank's latest heal moved, for the lighthouse: sent once, with
+        # the next quorum request (None: nothing to report).
+        self._heal_report: HealReport | None = None
 
     # -- start-up ----------------------------------------------------------------
     def _connect(self, config: ManagerConfig, heartbeat_interval: timedelta, retries: int) -> None:
@@ -283,7 +287,9 @@ class Manager:
         self._quorum_future.result()
 
     def _quorum_request(self, shrink_only: bool, timeout: timedelta) -> ManagerQuorumRequest:
-        """This rank's request for this step's quorum, waiting up to `timeout`."""
+        """This rank's request for this step's quorum, waiting up to `timeout`.
+        It carries the latest heal's report, which is then cleared (sent once)."""
+        heal, self._heal_report = self._heal_report, None
         return ManagerQuorumRequest(
             group_rank=self._group_rank,
             step=self._step,
@@ -293,6 +299,7 @@ class Manager:
             init_sync=self._init_sync,
             commit_failures=self._commit_failures,
             step_time_ms=self._step_time_ms,
+            heal=heal,
         )
 
     def _on_quorum_result(
@@ -401,12 +408,14 @@ class Manager:
                 self._healing = True
                 start = time.perf_counter()
                 self._healed_counters = self._checked_counters(self._healer.receive(result))
+                self._heal_report = self._healer.last_received
                 logger.info(
-                    "%s healed to step %d from replica rank %s in %.3f s",
+                    "%s healed to step %d from replica rank %s in %.3f s (%s bytes)",
                     self._tag(),
                     self.current_step(),
                     result.recover_src_replica_rank,
                     time.perf_counter() - start,
+                    None if self._heal_report is None else self._heal_report.bytes_received,
                 )
         except Exception as e:
             self.report_error(RecoveryError(f"healing at step {result.max_step} failed: {e}"))

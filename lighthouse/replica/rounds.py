@@ -27,9 +27,15 @@ from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.ranks import compute_quorum_result
 from lighthouse.replica.reachability import unreachable
 from lighthouse.replica.silence import silent_too_long
-from lighthouse.types import ManagerQuorumRequest, Quorum, QuorumMember, QuorumResult
+from lighthouse.types import (
+    HealReport,
+    ManagerQuorumRequest,
+    Quorum,
+    QuorumMember,
+    QuorumResult,
+)
 
-__all__ = ["Gather", "QuorumRounds", "Vote", "vote_margin_s"]
+__all__ = ["Gather", "QuorumRounds", "Vote", "group_heal", "vote_margin_s"]
 
 log = logging.getLogger("lighthouse.manager")
 
@@ -38,6 +44,20 @@ def vote_margin_s(remaining_s: float) -> float:
     """How long before a remote caller's deadline (``remaining_s`` seconds away) its
     vote is closed, so that the answer still reaches it: a tenth, at most 0.5 s."""
     return min(0.5, 0.1 * remaining_s)
+
+
+def group_heal(reqs: list[ManagerQuorumRequest]) -> HealReport | None:
+    """The group's heal from its ranks' reports (None if no rank reports one): each
+    rank receives its own part of the state, so the bytes add up, and the group's
+    heal lasts as long as its slowest rank's (seconds); the step is the highest."""
+    heals = [r.heal for r in reqs if r.heal is not None]
+    if not heals:
+        return None
+    return HealReport(
+        step=max(h.step for h in heals),
+        bytes_received=min(sum(h.bytes_received for h in heals), validate.MAX_COUNTER),
+        transfer_s=max(h.transfer_s for h in heals),
+    )
 
 
 @dataclass
@@ -161,6 +181,9 @@ class QuorumRounds:
         step = reqs[0].step
         self._last_quorum_step = step
         self._link.progress = (step, max(r.step_time_ms for r in reqs))
+        heal = group_heal(reqs)
+        if heal is not None:  # the ping below reaches the lighthouse even on a leased round
+            self._link.heal = heal
         self._link.ping_soon()  # lease holders wait for each other's round reports
         eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
         generation = self._link.open_generation
@@ -219,6 +242,7 @@ class QuorumRounds:
                 g.requests[r].checkpoint_metadata for r in range(self.world_size)
             ),
             unreachable=cut,
+            heal=group_heal(reqs),
         )
         asked_generation = self._link.open_generation
         try:

@@ -199,6 +199,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         )
         self._thread.start()
         self._closed = False
+        self._received_bytes: int | None = None  # of the last successful receive
 
     @property
     def port(self) -> int:
@@ -320,7 +321,8 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         fetch = ChunkFetcher(
             url.hostname, url.port, url.path, step, deadline, peer, self._job_secret, self._tls
         )
-        skeleton = decode_skeleton(fetch.get_meta())
+        meta = fetch.get_meta()
+        skeleton = decode_skeleton(meta)
         if skeleton.step != step:
             raise RecoveryError(f"{fetch.peer} sent step {skeleton.step}, expected step {step}")
         template = self._state_dict() if self._state_dict is not None else None
@@ -328,15 +330,22 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         n = max(1, self._num_chunks)
         fetch.get_chunks(skeleton, blobs, n)
         result = unpack(skeleton, blobs, dests)
+        nbytes = sum(skeleton.blob_sizes)
+        self._received_bytes = nbytes + len(meta)
         log_transfer(
             "received",
             fetch.peer,
             step,
-            sum(skeleton.blob_sizes),
+            nbytes,
             deadline.elapsed(),
             f"chunks={n} tensors={len(skeleton.tensors)} in_place_blobs={len(direct)} checksum=ok",
         )
         return result  # type: ignore[no-any-return]
+
+    def received_bytes(self) -> int | None:
+        """Bytes the last successful `recv_checkpoint` fetched: every chunk's tensor
+        data plus the skeleton (not HTTP headers or checksum trailers)."""
+        return self._received_bytes
 
     def shutdown(self, wait: bool = True) -> None:
         if self._closed:

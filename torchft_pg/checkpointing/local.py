@@ -88,6 +88,7 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
         self._state_dict = state_dict
         self._lock = threading.Lock()
         self._sent: SentCheckpoint[T] | None = None
+        self._received_bytes: int | None = None  # of the last successful receive
 
     def metadata(self) -> str:
         return self._name
@@ -134,6 +135,7 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
         for mine, theirs in zip(blobs, packed.blobs, strict=True):
             mine.copy_(theirs)
         out = unpack(skeleton, blobs, dests)
+        self._received_bytes = packed.nbytes + len(packed.skeleton_bytes)
         log_transfer(
             "received",
             f"rank {src_rank} ({metadata})",
@@ -143,3 +145,7 @@ class InProcessTransport(CheckpointTransport[T], Generic[T]):
             f"in_place_blobs={len(direct)}",
         )
         return out  # type: ignore[no-any-return]
+
+    def received_bytes(self) -> int | None:
+        """Bytes the last successful `recv_checkpoint` copied: blobs plus skeleton."""
+        return self._received_bytes

@@ -147,6 +147,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         self._pg = pg
         self._state_dict = state_dict
         self._sent: SentCheckpoint[None] | None = None
+        self._received_bytes: int | None = None  # of the last successful receive
 
     def metadata(self) -> str:
         """A placeholder: the receiver finds this sender by rank."""
@@ -302,6 +303,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         if dev.type != "cpu":
             blobs = [b if i in direct else b.cpu() for i, b in enumerate(blobs)]
         result = unpack(skeleton, blobs, dests)
+        self._received_bytes = sum(skeleton.blob_sizes) + skel_len
         log_transfer(
             "received",
             f"rank {src_rank}",
@@ -311,3 +313,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
             f"tensors={len(skeleton.tensors)} in_place_blobs={len(direct)} checksum=ok",
         )
         return result  # type: ignore[no-any-return]
+
+    def received_bytes(self) -> int | None:
+        """Bytes the last successful `recv_checkpoint` received: the blobs plus the
+        skeleton (not the header and checksum messages)."""
+        return self._received_bytes

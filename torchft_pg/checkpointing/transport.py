@@ -170,6 +170,14 @@ class CheckpointTransport(ABC, Generic[T]):
         (wrong step, checksum mismatch, unsafe metadata, timeout after `timeout`).
         """
 
+    def received_bytes(self) -> int | None:
+        """Bytes the last successful `recv_checkpoint` received, counted by the
+        transport (our transports: tensor data plus the encoded skeleton, as sent;
+        framing such as HTTP headers and checksums not included). None when the
+        transport does not count them (the default, for transports written for
+        torchft); the heal then counts the received state's tensor bytes."""
+        return None
+
     def shutdown(self, wait: bool = True) -> None:
         """Release sockets and threads; `wait` joins them. Idempotent."""
         del wait
