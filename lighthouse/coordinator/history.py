@@ -14,12 +14,18 @@ Two bounded ring buffers and the recorder that fills them from the core's events
 * ``JobHistory``: what the core calls when something happens; it keeps both
   buffers and reports the matching Prometheus numbers.
 
-Heals as the lighthouse sees them: the bytes a heal moves and how long the
-transfer takes stay between the healer and its source, which report nothing
-to the lighthouse. What the lighthouse does see is a member entering a quorum
-behind the quorum's highest step (it heals from a peer, so it is recorded as a
-heal) and, later, that member reporting the target step (recorded as caught
-up, with the seconds since the quorum: the heal plus the first step after it).
+Heals as the lighthouse sees them: a member entering a quorum behind the
+quorum's highest step heals from a peer, so it is recorded as a heal; later
+that member reports the target step (recorded as caught up, with the seconds
+since the quorum: the heal plus the first step after it). The transfer itself
+runs between the healer and its source; the healer measures it (bytes
+received, transfer seconds) and reports a ``HealReport`` once, with its next
+quorum request and liveness ping, which also carry the step that makes it
+caught up. So the caught-up event carries the heal's bytes, seconds and GB/s.
+A report for a heal the lighthouse did not see as one (an ``init_sync`` heal at
+step 0, where nobody is behind, or one from before a lighthouse restart) gets
+a heal event of its own. The same report arriving twice (request and ping of
+one round) is recorded once.
 
 Everything here takes ``now`` (the lighthouse clock, seconds) and ``unix_ms``
 (wall clock, milliseconds) from the caller and reads no clock itself. Like the
@@ -36,7 +42,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from lighthouse.types import Quorum
+from lighthouse.types import HealReport, Quorum
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
@@ -51,6 +57,8 @@ __all__ = [
     "StepSample",
     "Timeline",
     "TimelineEvent",
+    "format_bytes",
+    "heal_figures",
 ]
 
 DEFAULT_WINDOW_S = 300.0  # step samples kept per replica: the last 5 minutes
@@ -59,6 +67,7 @@ DEFAULT_MAX_REPLICAS = 256  # replicas with step samples (incarnations count sep
 DEFAULT_TIMELINE_CAPACITY = 500  # timeline events kept
 RECENT_RATE_SPAN_S = 10.0  # "current" step rate: over about the last 10 s
 _GONE_CAPACITY = 1024  # how many departed replica ids remember why they left
+_HEALS_SHOWN = 64  # /status ``heals``: the latest reports, one per replica, newest first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,7 +257,7 @@ class EventKind(str, Enum):
     QUORUM = "quorum"  # a quorum with a new id: who joined, who left
     DEATH = "death"  # replicas declared dead (stream closed, or heartbeat timeout)
     LEFT = "left"  # a replica shut down cleanly
-    HEAL = "heal"  # members entered a quorum behind its highest step
+    HEAL = "heal"  # members entered a quorum behind its highest step (or one reported a heal)
     CAUGHT_UP = "caught_up"  # a healing member reported the quorum's step
     QUARANTINE = "quarantine"  # a replica left out of quorums for a while
 
@@ -262,7 +271,10 @@ class TimelineEvent:
     (the dead, the healers, ...), ``joined``/``left`` a quorum's membership
     changes, ``quorum_id``/``size`` the quorum, ``step`` the step involved (the
     quorum's highest, a heal's target, a restored committed step), ``seconds``
-    a duration (a catch-up's, a quarantine's length).
+    a duration (a catch-up's, a quarantine's length). ``heal_bytes``,
+    ``heal_s`` and ``heal_gb_per_s``: what the replica's heal moved as it
+    reported it (bytes received, transfer seconds, 10**9 bytes per second;
+    None where no report came), on ``caught_up`` events and reported heals.
     """
 
     kind: EventKind
@@ -275,6 +287,9 @@ class TimelineEvent:
     size: int | None = None
     step: int | None = None
     seconds: float | None = None
+    heal_bytes: int | None = None
+    heal_s: float | None = None
+    heal_gb_per_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -288,7 +303,40 @@ class TimelineEvent:
             "size": self.size,
             "step": self.step,
             "seconds": self.seconds,
+            "heal_bytes": self.heal_bytes,
+            "heal_s": self.heal_s,
+            "heal_gb_per_s": self.heal_gb_per_s,
         }
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes with a decimal unit and three significant digits: "12.3 MB"."""
+    units = ("B", "kB", "MB", "GB", "TB", "PB", "EB")
+    value, i = float(n), 0
+    # compare the rounded value, so 999,999 bytes read "1 MB", not "1e+03 kB"
+    while i < len(units) - 1 and abs(float(f"{value:.3g}")) >= 1000:
+        value /= 1000
+        i += 1
+    return f"{n} B" if i == 0 else f"{value:.3g} {units[i]}"
+
+
+def heal_figures(heal: HealReport) -> str:
+    """A heal report in words: "12.3 MB in 0.42 s (29.3 GB/s)"."""
+    rate = heal.gb_per_s
+    speed = "" if rate is None else f" ({rate:.3g} GB/s)"
+    return f"{format_bytes(heal.bytes_received)} in {heal.transfer_s:.3g} s{speed}"
+
+
+def _heal_fields(heal: HealReport | None) -> dict[str, Any]:
+    """A ``TimelineEvent``'s heal fields for ``heal``, as reported (not rounded:
+    a slow link's GB/s is a small number)."""
+    if heal is None:
+        return {}
+    return {
+        "heal_bytes": heal.bytes_received,
+        "heal_s": heal.transfer_s,
+        "heal_gb_per_s": heal.gb_per_s,
+    }
 
 
 class Timeline:
@@ -316,6 +364,7 @@ class HistoryMetrics(Protocol):
     def replica_gone(self, replica_id: str) -> None: ...
     def heals(self, count: int) -> None: ...
     def caught_up(self, seconds: float) -> None: ...
+    def heal_reported(self, replica_id: str, nbytes: int, seconds: float) -> None: ...
     def quarantined(self, count: int) -> None: ...
 
 
@@ -343,6 +392,13 @@ class JobHistory:
         self._healing: dict[str, tuple[int, float]] = {}
         # departed replica -> DEATH or LEFT, newest last, bounded
         self._gone: OrderedDict[str, EventKind] = OrderedDict()
+        # healing member -> its heal report, shown on its caught-up event
+        self._heal_reports: dict[str, HealReport] = {}
+        # replica -> (its latest heal report, wall ms when it came), newest last, bounded:
+        # recognizes the same report arriving again, and is /status's ``heals``
+        self._last_heal: OrderedDict[str, tuple[HealReport, int]] = OrderedDict()
+        self.heals_reported = 0  # heal reports recorded since start
+        self.heal_bytes_total = 0  # bytes those heals received, in all
 
     def started(self, epoch: str, committed_step: int, unix_ms: int) -> None:
         """This lighthouse started with epoch ``epoch``; ``committed_step`` > 0 was
@@ -356,9 +412,18 @@ class JobHistory:
         )
 
     def progress(
-        self, replica_id: str, step: int, step_time_ms: float, now: float, unix_ms: int
+        self,
+        replica_id: str,
+        step: int,
+        step_time_ms: float,
+        now: float,
+        unix_ms: int,
+        heal: HealReport | None = None,
     ) -> None:
-        """``replica_id`` asked, or pinged, at ``step`` (``now``: clock seconds)."""
+        """``replica_id`` asked, or pinged, at ``step`` (``now``: clock seconds);
+        ``heal``: the heal it reports with this request or ping, if any."""
+        if heal is not None:
+            self._heal_reported(replica_id, heal, unix_ms)
         healing = self._healing.get(replica_id)
         caught_up = healing is not None and step >= healing[0]
         kept = self.steps.record(replica_id, step, step_time_ms, now, jump=caught_up)
@@ -366,15 +431,20 @@ class JobHistory:
             self.metrics.replica_progress(replica_id, step, step_time_ms)
         if healing is not None and caught_up:
             del self._healing[replica_id]
+            report = self._heal_reports.pop(replica_id, None)
             seconds = round(now - healing[1], 3)
+            text = f"{replica_id} caught up to step {healing[0]}, {seconds:g} s after its quorum"
+            if report is not None:
+                text += f"; its heal received {heal_figures(report)}"
             self.timeline.add(
                 TimelineEvent(
                     kind=EventKind.CAUGHT_UP,
                     unix_ms=unix_ms,
-                    text=f"{replica_id} caught up to step {healing[0]}, {seconds:g} s after its quorum",
+                    text=text,
                     replica_ids=(replica_id,),
                     step=healing[0],
                     seconds=seconds,
+                    **_heal_fields(report),
                 )
             )
             if self.metrics is not None:
@@ -413,6 +483,7 @@ class JobHistory:
             return
         for rid in behind:
             self._healing[rid] = (top, now)
+            self._heal_reports.pop(rid, None)  # an earlier attempt's: this heal reports anew
         lowest = min(m.step for m in quorum.participants)
         self.timeline.add(
             TimelineEvent(
@@ -429,6 +500,34 @@ class JobHistory:
         )
         if self.metrics is not None:
             self.metrics.heals(len(behind))
+
+    def _heal_reported(self, replica_id: str, heal: HealReport, unix_ms: int) -> None:
+        """Record ``replica_id``'s heal report, unless it is the one already recorded."""
+        last = self._last_heal.get(replica_id)
+        if last is not None and last[0] == heal:
+            return  # the same report again (the request and the ping of one round)
+        self._last_heal[replica_id] = (heal, unix_ms)
+        self._last_heal.move_to_end(replica_id)
+        while len(self._last_heal) > _GONE_CAPACITY:
+            self._last_heal.popitem(last=False)
+        self.heals_reported += 1
+        self.heal_bytes_total += heal.bytes_received
+        if self.metrics is not None:
+            self.metrics.heal_reported(replica_id, heal.bytes_received, heal.transfer_s)
+        if replica_id in self._healing:
+            self._heal_reports[replica_id] = heal  # shown when it catches up
+            return
+        self.timeline.add(
+            TimelineEvent(
+                kind=EventKind.HEAL,
+                unix_ms=unix_ms,
+                text=f"{replica_id} healed to step {heal.step}: received {heal_figures(heal)}",
+                replica_ids=(replica_id,),
+                step=heal.step,
+                seconds=round(heal.transfer_s, 3),
+                **_heal_fields(heal),
+            )
+        )
 
     def died(self, replica_ids: Iterable[str], reason: str, unix_ms: int) -> None:
         """``replica_ids`` were declared dead because of ``reason``."""
@@ -478,6 +577,7 @@ class JobHistory:
 
     def _gone_now(self, replica_id: str, kind: EventKind) -> None:
         self._healing.pop(replica_id, None)
+        self._heal_reports.pop(replica_id, None)
         self._gone[replica_id] = kind
         self._gone.move_to_end(replica_id)
         while len(self._gone) > _GONE_CAPACITY:
@@ -495,4 +595,10 @@ class JobHistory:
             "timeline": [e.to_json() for e in self.timeline.events()],
             "timeline_capacity": self.timeline.capacity,
             "timeline_total": self.timeline.total,
+            "heals_reported": self.heals_reported,
+            "heal_bytes_total": self.heal_bytes_total,
+            "heals": [
+                {"replica_id": rid, "unix_ms": ms, "step": h.step, **_heal_fields(h)}
+                for rid, (h, ms) in reversed(self._last_heal.items())
+            ][:_HEALS_SHOWN],
         }

@@ -83,8 +83,25 @@ class LighthouseMetrics:
         )
         self.heals_counter = Counter(
             "lighthouse_heals",
-            "Members that entered a quorum behind its highest step, so heal from a peer "
-            "(bytes and transfer time are not reported to the lighthouse)",
+            "Members that entered a quorum behind its highest step, so heal from a peer",
+            registry=r,
+        )
+        self.heal_bytes = Counter(
+            "lighthouse_heal_bytes",
+            "Bytes received by the heals replicas reported (each heal counted once)",
+            registry=r,
+        )
+        self.replica_heal_bytes = Gauge(
+            "lighthouse_replica_heal_bytes",
+            "Bytes each live replica's latest reported heal received (absent until it reports one)",
+            ["replica_id"],
+            registry=r,
+        )
+        self.replica_heal_seconds = Gauge(
+            "lighthouse_replica_heal_seconds",
+            "Transfer seconds of each live replica's latest reported heal "
+            "(absent until it reports one)",
+            ["replica_id"],
             registry=r,
         )
         self.catch_up = Histogram(
@@ -116,7 +133,12 @@ class LighthouseMetrics:
 
     def replica_gone(self, replica_id: str) -> None:
         """Drop a departed replica's series, so restarted incarnations do not pile up."""
-        for gauge in (self.replica_step, self.replica_step_time):
+        for gauge in (
+            self.replica_step,
+            self.replica_step_time,
+            self.replica_heal_bytes,
+            self.replica_heal_seconds,
+        ):
             with contextlib.suppress(KeyError):  # it never reported progress
                 gauge.remove(replica_id)
 
@@ -125,6 +147,12 @@ class LighthouseMetrics:
 
     def caught_up(self, seconds: float) -> None:
         self.catch_up.observe(seconds)
+
+    def heal_reported(self, replica_id: str, nbytes: int, seconds: float) -> None:
+        """A replica reported a heal: ``nbytes`` received in ``seconds``."""
+        self.heal_bytes.inc(nbytes)
+        self.replica_heal_bytes.labels(replica_id=replica_id).set(nbytes)
+        self.replica_heal_seconds.labels(replica_id=replica_id).set(seconds)
 
     def quarantined(self, count: int) -> None:
         self.quarantines.inc(count)

@@ -36,6 +36,14 @@ const fmt = {
     return `${big} ${unitBig}` + (small ? ` ${small} ${unitSmall}` : "");
   },
   rate: r => (r === null || r === undefined ? "—" : sig(r) + " steps/s"),
+  bytes(n) {
+    // decimal units (GB/s is 10^9 bytes per second), three significant digits: "12.3 MB"
+    if (n === null || n === undefined) return "—";
+    const units = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
+    let v = Number(n), i = 0;
+    while (i < units.length - 1 && Math.abs(Number(v.toPrecision(3))) >= 1000) { v /= 1000; i++; }
+    return i === 0 ? `${v} B` : `${sig(v)} ${units[i]}`;
+  },
   ago: s => (s === null || s === undefined ? "—" : fmt.secs(s) + " ago"),
   clock: unixMs => new Date(unixMs).toLocaleTimeString("en-GB", {hour12: false}),
 };
@@ -171,6 +179,7 @@ function renderCards(s, healthRows) {
     ["rounds issued", fmt.int(s.quorums_issued)],
     ["deaths (timeline)", fmt.int(tl.filter(e => e.kind === "death").reduce((n, e) => n + e.replica_ids.length, 0))],
     ["heals (timeline)", fmt.int(tl.filter(e => e.kind === "heal").reduce((n, e) => n + e.replica_ids.length, 0))],
+    ["heal bytes (reported)", fmt.bytes(s.history.heal_bytes_total)],
     ["quarantines", fmt.int(count("quarantine"))],
     ["up", fmt.secs((s.history.now_unix_ms - s.started_unix_ms) / 1000)],
   ];
@@ -254,13 +263,23 @@ function renderTimeline(s) {
   lastEpoch = s.epoch;
   lastTimeline = h.timeline;
   const shown = h.timeline.slice().reverse().slice(0, 300).concat(earlier);
-  setText("timeline-note", `(${fmt.int(h.timeline.length)} of ${fmt.int(h.timeline_total)} events kept; heal bytes and transfer times are not reported to the lighthouse)`);
+  setText("timeline-note", `(${fmt.int(h.timeline.length)} of ${fmt.int(h.timeline_total)} events kept; heal bytes, seconds and GB/s as the healer measured them)`);
   document.getElementById("timeline").replaceChildren(...shown.map(e =>
     el("li", {class: `kind-${e.kind}` + (e.kind === "restart" ? " epoch-break" : ""), "data-kind": e.kind,
       "data-replica-ids": (e.replica_ids || []).concat(e.joined || [], e.left || []).join(" ")},
     el("span", {class: "muted", text: fmt.clock(e.unix_ms)}),
     el("span", {}, el("span", {class: "badge", text: e.kind.replace("_", " ")})),
-    el("span", {text: e.text}))));
+    el("span", {}, document.createTextNode(e.text), healFigures(e)))));
+}
+
+function healFigures(e) {
+  // what a reported heal moved: bytes, transfer seconds, GB/s (null fields: none reported)
+  if (e.heal_bytes === null || e.heal_bytes === undefined) return null;
+  const rate = e.heal_gb_per_s === null ? "—" : `${sig(e.heal_gb_per_s)} GB/s`;
+  return el("span", {class: "heal-figures", title: "what the heal moved, as the healing replica measured it"},
+    el("span", {class: "heal-bytes", text: fmt.bytes(e.heal_bytes)}),
+    el("span", {class: "heal-seconds", text: `${sig(e.heal_s)} s`}),
+    el("span", {class: "heal-rate", text: rate}));
 }
 
 function renderTables(s) {

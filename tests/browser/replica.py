@@ -5,7 +5,10 @@ runs a ``ManagerServer`` and loops over quorum rounds like
 ``python -m lighthouse.testing replica``, with two differences the dashboard
 needs: each request reports the previous step's duration (``step_time_ms``),
 and a result that says ``heal`` jumps to the quorum's step, as a Manager does
-once it has loaded a peer's state. One JSON line per round on stdout.
+once it has loaded a peer's state, and reports that heal with its next request
+as a Manager does (``--heal-bytes`` bytes in ``--heal-s`` seconds: simulated,
+no state moves; ``tests/integration/test_lh_heal_report.py`` moves a real one).
+One JSON line per round on stdout.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from lighthouse._net import normalize_address
 from lighthouse.errors import FaultToleranceError
 from lighthouse.replica.client import ManagerClient
 from lighthouse.replica.server import ManagerServer
-from lighthouse.types import ManagerQuorumRequest
+from lighthouse.types import HealReport, ManagerQuorumRequest
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated step, milliseconds")
     p.add_argument("--rounds", type=int, default=100_000)
     p.add_argument("--timeout-s", type=float, default=10.0, help="quorum timeout, seconds")
+    p.add_argument("--heal-bytes", type=int, default=1_234_567_890, help="a simulated heal's bytes")
+    p.add_argument("--heal-s", type=float, default=0.42, help="a simulated heal's seconds")
     args = p.parse_args(argv)
     server = ManagerServer(
         args.replica_id,
@@ -43,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"event": "ready", "address": server.address()}), flush=True)
     step = 0
     step_time_ms = 0.0
+    heal: HealReport | None = None  # reported with the next request, once
     try:
         for _ in range(args.rounds):
             started = time.monotonic()
@@ -55,14 +61,17 @@ def main(argv: list[str] | None = None) -> int:
                         timeout=timedelta(seconds=args.timeout_s),
                         init_sync=False,
                         step_time_ms=step_time_ms,
+                        heal=heal,
                     )
                 )
+                heal = None
             except FaultToleranceError as exc:
                 print(json.dumps({"event": "error", "error": str(exc)}), flush=True)
                 continue
             healed_from = step if r.heal else None
             if r.heal:
                 step = r.max_step  # as if the peer's state had been loaded
+                heal = HealReport(step=step, bytes_received=args.heal_bytes, transfer_s=args.heal_s)
             print(
                 json.dumps(
                     {

@@ -48,7 +48,8 @@ PAGE_SUMMARY_JS = """(() => {
     bands: q("svg.chart path.band").length,
     sparklines: q(".replica svg.spark path").length,
     tiles: q(".replica").map(t => ({id: t.dataset.replicaId, status: t.dataset.status})),
-    timeline: q("#timeline li").map(li => ({kind: li.dataset.kind, ids: li.dataset.replicaIds.split(" "), text: li.textContent})),
+    timeline: q("#timeline li").map(li => ({kind: li.dataset.kind, ids: li.dataset.replicaIds.split(" "), text: li.textContent,
+      heal: li.querySelector(".heal-figures") && [...li.querySelectorAll(".heal-figures span")].map(x => x.textContent)})),
     text: document.body.innerText,
     pageWidth: document.documentElement.scrollWidth,
     viewWidth: document.documentElement.clientWidth,
@@ -165,6 +166,10 @@ def test_a_killed_replica_and_its_rejoin_show_in_the_rendered_dashboard(
     assert ("quorum", "g0:1") in kinds  # the survivors' quorum lists it as left
     assert ("quorum", "g0:2") in kinds  # ... and the next one as joined
     assert ("heal", "g0:2") in kinds and ("caught_up", "g0:2") in kinds
+    # the rejoined replica reported its (simulated) heal: 1,234,567,890 bytes in 0.42 s
+    caught_up = next(e for e in page["timeline"] if e["kind"] == "caught_up")
+    assert caught_up["heal"] == ["1.23 GB", "0.42 s", "2.94 GB/s"], caught_up
+    assert "its heal received 1.23 GB in 0.42 s (2.94 GB/s)" in caught_up["text"]
     death = next(e for e in page["timeline"] if e["kind"] == "death")
     assert "liveness stream closed" in death["text"]
     assert re.search(r"\d+(\.\d+)? (ms|s)\b", page["text"]), "no durations with units"

@@ -12,8 +12,10 @@ from lighthouse.coordinator.history import (
     StepHistory,
     Timeline,
     TimelineEvent,
+    format_bytes,
+    heal_figures,
 )
-from lighthouse.types import Quorum, QuorumMember
+from lighthouse.types import HealReport, Quorum, QuorumMember
 
 
 def quorum(qid: int, steps: dict[str, int]) -> Quorum:
@@ -30,6 +32,7 @@ class RecordedMetrics:
     heal_counts: list[int] = field(default_factory=list)
     catch_ups: list[float] = field(default_factory=list)
     quarantine_counts: list[int] = field(default_factory=list)
+    heal_reports: list[tuple[str, int, float]] = field(default_factory=list)
 
     def replica_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
         self.progress.append((replica_id, step, step_time_ms))
@@ -45,6 +48,9 @@ class RecordedMetrics:
 
     def quarantined(self, count: int) -> None:
         self.quarantine_counts.append(count)
+
+    def heal_reported(self, replica_id: str, nbytes: int, seconds: float) -> None:
+        self.heal_reports.append((replica_id, nbytes, seconds))
 
 
 # -- StepHistory ----------------------------------------------------------------------
@@ -229,6 +235,9 @@ def test_to_json_has_every_documented_field() -> None:
         "timeline",
         "timeline_capacity",
         "timeline_total",
+        "heals_reported",
+        "heal_bytes_total",
+        "heals",
     }
     assert set(out["replicas"][0]) == {
         "replica_id",
@@ -250,4 +259,91 @@ def test_to_json_has_every_documented_field() -> None:
         "size",
         "step",
         "seconds",
+        "heal_bytes",
+        "heal_s",
+        "heal_gb_per_s",
     }
+
+
+# -- heal reports ------------------------------------------------------------------------
+def test_a_reported_heal_is_shown_on_the_catch_up_with_bytes_seconds_and_gb_per_s() -> None:
+    metrics = RecordedMetrics()
+    h = JobHistory(metrics=metrics)
+    q1 = quorum(1, {"a": 30})
+    h.quorum_issued(q1, None, "ready", now=0, unix_ms=0)
+    h.quorum_issued(quorum(2, {"a": 30, "b": 0}), q1, "fast", now=5, unix_ms=5_000)
+    report = HealReport(step=30, bytes_received=12_345_678, transfer_s=0.42)
+    # its next request (or ping) carries the report and the step that makes it caught up
+    h.progress("b", 31, 20.0, now=6.0, unix_ms=6_000, heal=report)
+    h.progress("b", 31, 20.0, now=6.1, unix_ms=6_100, heal=report)  # the ping, same report
+    heal, caught_up = h.timeline.events()[-2:]
+    assert heal.kind is EventKind.HEAL and heal.heal_bytes is None  # issued before the transfer
+    assert caught_up.kind is EventKind.CAUGHT_UP and caught_up.seconds == 1.0
+    assert caught_up.heal_bytes == 12_345_678 and caught_up.heal_s == 0.42
+    assert caught_up.heal_gb_per_s == pytest.approx(12_345_678 / 0.42 / 1e9)
+    assert "its heal received 12.3 MB in 0.42 s (0.0294 GB/s)" in caught_up.text
+    assert len(h.timeline.events()) == 4  # the repeated report added nothing
+    assert metrics.heal_reports == [("b", 12_345_678, 0.42)]
+    out = h.to_json(now=7, now_unix_ms=7_000)
+    assert out["heals_reported"] == 1 and out["heal_bytes_total"] == 12_345_678
+    assert out["heals"] == [
+        {
+            "replica_id": "b",
+            "unix_ms": 6_000,
+            "step": 30,
+            "heal_bytes": 12_345_678,
+            "heal_s": 0.42,
+            "heal_gb_per_s": pytest.approx(12_345_678 / 0.42 / 1e9),
+        }
+    ]
+    assert out["timeline"][-1]["heal_bytes"] == 12_345_678
+
+
+def test_a_heal_the_lighthouse_did_not_see_gets_an_event_of_its_own() -> None:
+    # init_sync at step 0: nobody is behind the quorum, yet b fetched a's state
+    h = JobHistory()
+    h.quorum_issued(quorum(1, {"a": 0, "b": 0}), None, "ready", now=0, unix_ms=0)
+    h.progress(
+        "b",
+        1,
+        0.0,
+        now=1,
+        unix_ms=1_000,
+        heal=HealReport(step=0, bytes_received=2_000_000_000, transfer_s=0.5),
+    )
+    event = h.timeline.events()[-1]
+    assert event.kind is EventKind.HEAL and event.replica_ids == ("b",) and event.step == 0
+    assert event.heal_bytes == 2_000_000_000 and event.heal_gb_per_s == 4.0
+    assert event.text == "b healed to step 0: received 2 GB in 0.5 s (4 GB/s)"
+    # a new heal of the same replica is recorded again; a repeat of it is not
+    later = HealReport(step=5, bytes_received=1000, transfer_s=0.0)
+    h.progress("b", 6, 0.0, now=2, unix_ms=2_000, heal=later)
+    h.progress("b", 6, 0.0, now=3, unix_ms=3_000, heal=later)
+    assert h.heals_reported == 2 and h.heal_bytes_total == 2_000_001_000
+    assert h.timeline.events()[-1].heal_gb_per_s is None  # no rate for zero seconds
+
+
+def test_a_failed_attempts_report_gives_way_to_the_next_heal() -> None:
+    h = JobHistory()
+    q1 = quorum(1, {"a": 9})
+    h.quorum_issued(q1, None, "ready", now=0, unix_ms=0)
+    q2 = quorum(2, {"a": 10, "b": 0})
+    h.quorum_issued(q2, q1, "fast", now=1, unix_ms=1_000)
+    first = HealReport(step=10, bytes_received=100, transfer_s=0.1)
+    h.progress("b", 0, 0.0, now=2, unix_ms=2_000, heal=first)  # its commit failed: still behind
+    h.quorum_issued(quorum(3, {"a": 10, "b": 0}), q2, "fast", now=3, unix_ms=3_000)
+    h.progress("b", 11, 0.0, now=4, unix_ms=4_000)  # caught up, its second report lost
+    caught_up = h.timeline.events()[-1]
+    assert caught_up.kind is EventKind.CAUGHT_UP and caught_up.heal_bytes is None
+
+
+def test_bytes_read_with_decimal_units_and_three_digits() -> None:
+    assert [format_bytes(n) for n in (0, 999, 1000, 12_345_678, 999_999, 2**63 - 1)] == [
+        "0 B",
+        "999 B",
+        "1 kB",
+        "12.3 MB",
+        "1 MB",
+        "9.22 EB",
+    ]
+    assert heal_figures(HealReport(step=1, bytes_received=5_000, transfer_s=0.0)) == "5 kB in 0 s"

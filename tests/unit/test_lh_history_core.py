@@ -14,7 +14,7 @@ from lighthouse.coordinator.history import EventKind, StepHistory
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import QuorumConfig, QuorumState
 from lighthouse.coordinator.status import LighthouseMetrics
-from lighthouse.types import QuorumMember
+from lighthouse.types import HealReport, QuorumMember
 
 CFG = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0, lease=False)
 
@@ -88,6 +88,42 @@ def test_a_kill_and_a_rejoin_show_in_status_health_and_metrics() -> None:
         assert "lighthouse_heals_total 1.0" in text
         assert "lighthouse_heal_catch_up_seconds_count 1.0" in text
         assert "lighthouse_quarantines_total 0.0" in text
+
+    asyncio.run(body())
+
+
+def test_a_reported_heal_shows_in_status_and_metrics_once() -> None:
+    async def body() -> None:
+        clock = FakeClock()
+        metrics = LighthouseMetrics()
+        core = LighthouseCore(CFG, clock, "ep", metrics)
+        for rid in ("a", "b"):
+            core.stream_opened(rid, asyncio.Queue())
+            core.request(QuorumMember(rid, step=7))
+        clock.advance(1.0)
+        core.stream_opened("b2", asyncio.Queue())
+        for rid, step in (("b2", 0), ("a", 8), ("b", 8)):
+            core.request(QuorumMember(rid, step=step))  # b2 heals from a peer
+        clock.advance(0.75)
+        heal = HealReport(step=8, bytes_received=48_000_000, transfer_s=0.25)
+        # b2's next round: its ping and its quorum request both carry the report
+        core.progress("b2", 9, 30.0, heal)
+        core.request(QuorumMember("b2", step=9, heal=heal))
+        snap = core.snapshot()
+        json.dumps(snap)
+        caught = [e for e in snap["history"]["timeline"] if e["kind"] == "caught_up"]
+        assert len(caught) == 1 and caught[0]["replica_ids"] == ["b2"]
+        assert caught[0]["seconds"] == 0.75
+        assert caught[0]["heal_bytes"] == 48_000_000 and caught[0]["heal_s"] == 0.25
+        assert caught[0]["heal_gb_per_s"] == 0.192
+        assert "48 MB in 0.25 s (0.192 GB/s)" in caught[0]["text"]
+        assert snap["history"]["heals_reported"] == 1
+        assert snap["history"]["heal_bytes_total"] == 48_000_000
+        assert [h["replica_id"] for h in snap["history"]["heals"]] == ["b2"]
+        text = metrics.render().decode()
+        assert 'lighthouse_replica_heal_bytes{replica_id="b2"} 4.8e+07' in text
+        assert 'lighthouse_replica_heal_seconds{replica_id="b2"} 0.25' in text
+        assert "lighthouse_heal_bytes_total 4.8e+07" in text
 
     asyncio.run(body())
 
