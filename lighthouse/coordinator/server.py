@@ -394,7 +394,7 @@ class LighthouseServer:
             if msg is grpc.aio.EOF:
                 return
             assert isinstance(msg, bytes)
-            got, leaving, step, step_time_ms = wire.decode_liveness_ping_progress(msg)
+            got, leaving, step, step_time_ms, heal = wire.decode_liveness_ping_heal(msg)
             if got and got != rid:
                 raise ValueError(
                     f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
@@ -402,4 +402,4 @@ class LighthouseServer:
             if leaving:
                 self.core.replica_leaving(rid, queue, step if step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
-            self.core.progress(rid, step, step_time_ms)
+            self.core.progress(rid, step, step_time_ms, heal)

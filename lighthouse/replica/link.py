@@ -38,7 +38,14 @@ from lighthouse.errors import (
 )
 from lighthouse.replica.silence import Silences
 from lighthouse.tls import TlsConfig, channel_credentials, channel_options
-from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumMember
+from lighthouse.types import (
+    FailureNotice,
+    HealReport,
+    LeaseFloor,
+    LeaseRecall,
+    Quorum,
+    QuorumMember,
+)
 
 log = logging.getLogger("lighthouse.manager")
 T = TypeVar("T")
@@ -103,6 +110,7 @@ class LighthouseLink:
         self._refusal = ""  # why the lighthouse last refused our stream (auth, job id)
         self.heartbeat_timeout_s: float | None = None
         self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
+        self.heal: HealReport | None = None  # the group's latest heal, sent with the next ping
         self.committed_through = -1  # sent with the leaving ping (-1: unknown)
         self._ping_now: asyncio.Event | None = None  # set: ping at once (a new round)
         self._epoch_cond = threading.Condition()
@@ -336,9 +344,15 @@ class LighthouseLink:
                 timer.cancel()
                 wake.clear()
                 step, step_time_ms = self.progress
-                await call.write(
-                    wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms)
-                )
+                heal, self.heal = self.heal, None  # reported once
+                try:
+                    await call.write(
+                        wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms, heal)
+                    )
+                except BaseException:
+                    if self.heal is None:  # not sent: the next stream's first ping carries it
+                        self.heal = heal
+                    raise
                 self.silences.pinged(loop.time())
         finally:
             if timer is not None:
