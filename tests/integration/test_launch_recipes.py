@@ -9,7 +9,9 @@ About 25 s of CPU; on an idle 2-core machine about as long in wall time.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
 import re
 import signal
@@ -55,9 +57,11 @@ def role_logs(log_dir: Path, tail_chars: int = 3000) -> str:
 
 
 # In `make test` on a clean clone this run hung twice in a row (both groups trained
-# and left, but the lighthouse role never saw the job idle and torchx did not end),
-# while it passes alone, in that same clone, in about 15 s. Until that interaction
-# with the rest of the suite is found it runs with the soaks (`make test-slow`).
+# and left, but the lighthouse role never saw the job idle and torchx did not end;
+# the test then waited on torchx's output pipe, held open by a role's process),
+# while it passes alone, in that same clone, in about 15 s. It now fails with the
+# role logs instead of hanging; until the interaction with the rest of the suite is
+# found it runs with the soaks (`make test-slow`).
 @pytest.mark.slow
 def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
     secret = tmp_path / "job-secret"
@@ -96,21 +100,33 @@ def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
         "--env",
         f"STEPS={STEPS}",
     ]
-    proc = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # torchx stops every role it started
-        try:
-            output, _ = proc.communicate(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-        pytest.fail(
-            f"torchx run did not finish in {RUN_TIMEOUT_S:g} s:\n{role_logs(tmp_path / 'logs')}"
+    # Output goes to a file, not a pipe: a role's process that outlives torchx keeps a
+    # pipe open and a read to EOF would then wait forever. torchx runs in its own
+    # session so that, if it does not end in time, everything it started is stopped.
+    out_path = tmp_path / "torchx.out"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGTERM)  # torchx stops every role it started
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=STOP_GRACE_S)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(
+                    proc.pid, signal.SIGKILL
+                )  # the session torchx led, and what is left of it
+            proc.wait(timeout=STOP_GRACE_S)
+            pytest.fail(
+                f"torchx run did not finish in {RUN_TIMEOUT_S:g} s:\n"
+                f"{out_path.read_text(errors='replace')[-3000:]}\n{role_logs(tmp_path / 'logs')}"
+            )
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # no role process outlives the test
+    output = out_path.read_text(errors="replace")
 
     assert proc.returncode == 0, f"{output[-3000:]}\n{role_logs(tmp_path / 'logs')}"
     assert "Job finished: SUCCEEDED" in output
