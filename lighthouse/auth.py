@@ -11,12 +11,19 @@ default, for a job on one machine), calls are not checked.
 The secret travels as call metadata in clear text unless the job turns TLS
 on (``lighthouse.tls``): without TLS it keeps out anyone who can reach the
 ports, not anyone who can read the network between the job's hosts.
+
+Within the job, each incarnation of a manager server also sends a random
+incarnation token (``new_incarnation``, under ``INCARNATION_KEY``) with its
+lighthouse calls, so only the incarnation that owns a replica id can ask,
+ping or leave under it (``lighthouse.coordinator.incarnations``).
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+import re
+import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -26,6 +33,7 @@ from lighthouse import tls
 
 __all__ = [
     "HTTP_HEADER",
+    "INCARNATION_KEY",
     "JOB_ID_ENV",
     "JOB_ID_KEY",
     "METADATA_KEY",
@@ -33,8 +41,11 @@ __all__ = [
     "SECRET_ENV",
     "SECRET_FILE_ENV",
     "call_metadata",
+    "check_incarnation",
     "guard",
     "header_presents",
+    "incarnation_of",
+    "new_incarnation",
     "presents",
     "resolve_job_id",
     "resolve_job_secret",
@@ -48,6 +59,34 @@ SECRET_FILE_ENV = "TORCHFT_JOB_SECRET_FILE"
 METADATA_KEY = "x-torchft-job-secret"  # gRPC metadata keys are lower case
 HTTP_HEADER = "X-Torchft-Job-Secret"  # the same secret on the job's HTTP endpoints
 MIN_SECRET_LENGTH = 16
+# The token of the incarnation that owns a call's replica id (see new_incarnation).
+INCARNATION_KEY = "x-torchft-incarnation"
+MIN_INCARNATION_LENGTH = 16  # characters; new_incarnation() gives 32
+MAX_INCARNATION_LENGTH = 128  # characters
+_INCARNATION = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def new_incarnation() -> str:
+    """A fresh random incarnation token (32 hex characters, 128 bits): one per manager
+    server incarnation, sent with every lighthouse call under its replica id so the
+    lighthouse refuses that id to anyone else (``lighthouse.coordinator.incarnations``)."""
+    return secrets.token_hex(16)
+
+
+def check_incarnation(token: str) -> str:
+    """`token` if it is an incarnation token: a str of 16 to 128 characters from
+    ``[A-Za-z0-9_-]``. ``ValueError`` (``TypeError`` for a non-str) naming it otherwise."""
+    if not isinstance(token, str):
+        raise TypeError(f"an incarnation token must be a str, got {type(token).__name__}")
+    if not (
+        MIN_INCARNATION_LENGTH <= len(token) <= MAX_INCARNATION_LENGTH
+        and _INCARNATION.fullmatch(token)
+    ):
+        raise ValueError(
+            f"an incarnation token must be {MIN_INCARNATION_LENGTH} to "
+            f"{MAX_INCARNATION_LENGTH} characters from [A-Za-z0-9_-], got {token!r:.160}"
+        )
+    return token
 
 
 def resolve_job_secret(secret: str | None = None) -> str | None:
@@ -95,6 +134,11 @@ def _metadata_value(metadata: Sequence[tuple[str, Any]] | None, key: str) -> str
     return None
 
 
+def incarnation_of(metadata: Sequence[tuple[str, Any]] | None) -> str | None:
+    """The incarnation token call `metadata` carries, or None if it carries none."""
+    return _metadata_value(metadata, INCARNATION_KEY)
+
+
 def presents(metadata: Sequence[tuple[str, Any]] | None, secret: str) -> bool:
     """Whether call `metadata` carries `secret` (compared in constant time)."""
     return header_presents(_metadata_value(metadata, METADATA_KEY), secret)
@@ -140,14 +184,17 @@ def guard(
 
 
 def call_metadata(
-    secret: str | None, job_id: str | None = None
+    secret: str | None, job_id: str | None = None, incarnation: str | None = None
 ) -> tuple[tuple[str, str], ...] | None:
-    """The metadata that makes one call carry `secret` and `job_id` (None: neither)."""
+    """The metadata that makes one call carry `secret`, `job_id` and the `incarnation`
+    token, each only if set (None: none of them)."""
     pairs = []
     if secret is not None:
         pairs.append((METADATA_KEY, secret))
     if job_id is not None:
         pairs.append((JOB_ID_KEY, job_id))
+    if incarnation is not None:
+        pairs.append((INCARNATION_KEY, incarnation))
     return tuple(pairs) or None
 
 
@@ -193,9 +240,11 @@ def sync_channel(
     secret: str | None,
     job_id: str | None = None,
     tls_config: tls.TlsConfig | None = None,
+    incarnation: str | None = None,
 ) -> grpc.Channel:
-    """A blocking channel to `addr` whose every call carries `secret` and `job_id` (if set),
-    over TLS verified against `tls_config`'s CA if given (see ``lighthouse.tls``)."""
+    """A blocking channel to `addr` whose every call carries `secret`, `job_id` and the
+    `incarnation` token (each if set), over TLS verified against `tls_config`'s CA if
+    given (see ``lighthouse.tls``)."""
     if tls_config is None:
         channel = grpc.insecure_channel(addr, options=options)
     else:
@@ -204,7 +253,7 @@ def sync_channel(
             tls.channel_credentials(tls_config),
             options=[*options, *tls.channel_options(tls_config)],
         )
-    extra = call_metadata(secret, job_id)
+    extra = call_metadata(secret, job_id, incarnation)
     if extra is None:
         return channel
     return grpc.intercept_channel(channel, _SyncMetadata(extra))

@@ -29,6 +29,12 @@ class LighthouseClient:
     environment, see ``lighthouse.auth``), sent with every call.
     ``tls``: verify the lighthouse's TLS certificate against this CA (default:
     from the environment, see ``lighthouse.tls``; none set: plaintext).
+    ``incarnation``: a token of this client's incarnation
+    (``lighthouse.auth.new_incarnation()``), sent with every call so the
+    lighthouse refuses the replica ids this client asks under to any other
+    incarnation while it remembers them (``lighthouse.coordinator.incarnations``).
+    None (the default, and what torchft's client does): no token; the ids are
+    then unprotected, and a second client may ask under the same id.
     """
 
     def __init__(
@@ -39,6 +45,7 @@ class LighthouseClient:
         job_secret: str | None = None,
         job_id: str | None = None,
         tls: TlsConfig | None = None,
+        incarnation: str | None = None,
     ) -> None:
         self._addr = normalize_address(addr)
         self._connect_s = validate.timeout_seconds("connect_timeout", connect_timeout)
@@ -48,6 +55,7 @@ class LighthouseClient:
             auth.resolve_job_secret(job_secret),
             auth.resolve_job_id(job_id),
             tls if tls is not None else resolve_tls(),
+            None if incarnation is None else auth.check_incarnation(incarnation),
         )
         self._quorum = stub(self._channel, services.LIGHTHOUSE_QUORUM)
         self._heartbeat = stub(self._channel, services.LIGHTHOUSE_HEARTBEAT)

@@ -4,6 +4,12 @@ The asyncio gRPC server (measured faster than the thread-pool server under
 hundreds of concurrent long-polls, see bench/quorum.py) runs on the
 process-wide background loop; every handler is a few lines that decode,
 validate, call the core and encode.
+
+Every call under a replica id (quorum requests, heartbeats, liveness streams
+with their leaving pings) is first checked against the id's incarnation
+token (``lighthouse.coordinator.incarnations``): a call from another
+incarnation than the one that owns the id is refused with PERMISSION_DENIED
+before it changes anything.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
+from lighthouse.coordinator.incarnations import Incarnations
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -170,6 +177,9 @@ class LighthouseServer:
         self.core = LighthouseCore(
             self.config, clock or MonotonicClock(), self.epoch, self.metrics, job_state
         )
+        # replica id -> the token of its owning incarnation; ids refused and logged once
+        self._incarnations = Incarnations()
+        self._refusals_logged: set[str] = set()
         self._server: grpc.aio.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._http: StatusHTTPServer | None = None
@@ -223,8 +233,32 @@ class LighthouseServer:
             await asyncio.sleep(self._tick_s)
             try:
                 self.core.tick()
+                for rid in self._incarnations.retain(self._knows):
+                    self._refusals_logged.discard(rid)
             except Exception:
                 log.exception("lighthouse tick failed")
+
+    def _knows(self, replica_id: str) -> bool:
+        """Whether the core still remembers ``replica_id`` (seen and not forgotten,
+        or with a liveness stream open): its incarnation binding lives as long."""
+        return replica_id in self.core.state.seen or replica_id in self.core.streams
+
+    async def _admit(self, rpc: str, replica_id: str, context: grpc.aio.ServicerContext) -> None:
+        """Refuse the call (PERMISSION_DENIED, or INVALID_ARGUMENT for a malformed
+        token) unless it comes from the incarnation that owns ``replica_id``
+        (``lighthouse.coordinator.incarnations``); binds an unbound id to the call's
+        token. Each refused id is logged once while it stays bound."""
+        token = auth.incarnation_of(context.invocation_metadata())
+        try:
+            reason = self._incarnations.admit(replica_id, token, self._knows(replica_id))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
+        if reason is None:
+            return
+        if replica_id not in self._refusals_logged:
+            self._refusals_logged.add(replica_id)
+            log.warning("refused a %s call from %s: %s", rpc, context.peer(), reason)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{rpc}: {reason}")
 
     async def _stop(self) -> None:
         if self._tick_task is not None:
@@ -307,6 +341,7 @@ class LighthouseServer:
             validate.check_member(member)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
+        await self._admit(rpc, member.replica_id, context)
         fut = self.core.request(member)
         remaining = context.time_remaining()
         if timeout_ms > 0:
@@ -352,6 +387,7 @@ class LighthouseServer:
             rid = validate.check_replica_id(wire.decode_heartbeat_request(request))
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Heartbeat: {exc}")
+        await self._admit("Heartbeat", rid, context)
         self.core.heartbeat(rid)
         return wire.encode_heartbeat_response(self.epoch)
 
@@ -366,6 +402,8 @@ class LighthouseServer:
             rid = validate.check_replica_id(wire.decode_liveness_ping(first)[0])
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
+        # Checked once per stream: its pings (a leaving one too) must keep this id.
+        await self._admit("Liveness", rid, context)
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.core.stream_opened(rid, queue)
         loop = asyncio.get_running_loop()

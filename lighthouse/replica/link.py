@@ -73,7 +73,10 @@ class LighthouseLink:
     ``retries``: extra attempts after other quorum failures. ``on_stream(open)``
     is called on the loop after the liveness stream opens (True) or breaks (False).
     ``tls``: reach the lighthouse over TLS, verifying its certificate against
-    this CA (None: plaintext; see ``lighthouse.tls``).
+    this CA (None: plaintext; see ``lighthouse.tls``). ``incarnation``: this
+    incarnation's token, sent with every call so the lighthouse refuses
+    ``replica_id`` to anyone else (default: a fresh random one, see
+    ``lighthouse.coordinator.incarnations``).
     """
 
     def __init__(
@@ -88,11 +91,16 @@ class LighthouseLink:
         job_secret: str | None = None,
         job_id: str | None = None,
         tls: TlsConfig | None = None,
+        incarnation: str | None = None,
     ) -> None:
         self.replica_id = replica_id
         self._tls = tls
-        # The job secret, sent with both streams' calls (see lighthouse.auth).
-        self._call_metadata = auth.call_metadata(job_secret, job_id)
+        self.incarnation = (
+            auth.new_incarnation() if incarnation is None else auth.check_incarnation(incarnation)
+        )
+        # The job secret and our incarnation token, sent with both streams' calls
+        # (see lighthouse.auth).
+        self._call_metadata = auth.call_metadata(job_secret, job_id, self.incarnation)
         self._lh_addr = addr
         self._hb_s = heartbeat_s
         self._connect_s = connect_s
