@@ -41,6 +41,7 @@ from lighthouse.coordinator.quorum import (
 )
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
 from lighthouse.tls import TlsConfig, resolve_tls
+from lighthouse.types import QuorumMember
 
 log = logging.getLogger("lighthouse")
 
@@ -260,6 +261,26 @@ class LighthouseServer:
             log.warning("refused a %s call from %s: %s", rpc, context.peer(), reason)
         await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{rpc}: {reason}")
 
+    def _note_step_jump(self, member: QuorumMember) -> None:
+        """Log one line when ``member`` asks far above the job's committed step.
+
+        "Far" is more than one step above it, once the step is known (a quorum
+        issued, or a committed step recorded or reported). The request itself
+        raises the committed step to its own, so its retries log nothing more.
+        """
+        committed = self.core.state.committed_step
+        known = committed > 0 or self.core.quorums_issued > 0
+        if known and member.step > committed + 1:
+            log.warning(
+                "replica %s asks for a quorum at step %d, far above the job's committed "
+                "step %d (%d steps ahead: restored from a newer checkpoint, or not what "
+                "it claims to be)",
+                member.replica_id,
+                member.step,
+                committed,
+                member.step - committed,
+            )
+
     async def _stop(self) -> None:
         if self._tick_task is not None:
             self._tick_task.cancel()
@@ -342,6 +363,7 @@ class LighthouseServer:
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         await self._admit(rpc, member.replica_id, context)
+        self._note_step_jump(member)
         fut = self.core.request(member)
         remaining = context.time_remaining()
         if timeout_ms > 0:
