@@ -1,0 +1,121 @@
+"""One attack on a running job, from a process of its own (the security tests start it).
+
+``python -m tests.security.attacker ATTACK --addr HOST:PORT --replica-id ID
+[--secret SECRET] [--step N]`` makes the calls of one attack and prints one JSON
+line: ``{"outcomes": [...]}``, one entry per call, "accepted" or the refusal
+("CODE: details", or the client's error). Nothing here imports torch.
+
+Attacks:
+- ``quorum``: quorum requests under ``--replica-id`` at ``--step``, from a
+  client with an incarnation token of its own and from one with none.
+- ``liveness``: a liveness stream under ``--replica-id`` that pings and then
+  announces a clean leave, with no token and with a token of its own, and a
+  heartbeat with none.
+- ``ghost``: a quorum request at a huge ``--step`` under a new
+  ``--replica-id``, with ``--secret`` (if given) as the job secret.
+- ``vote``: a commit vote of group rank 1 for ``--step`` on the manager server
+  at ``--addr``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from functools import partial
+
+import grpc
+
+from lighthouse import auth, services, wire
+from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
+from lighthouse.coordinator.client import LighthouseClient
+from lighthouse.errors import FaultToleranceError
+from lighthouse.replica.client import ManagerClient
+
+T = timedelta(seconds=3)
+
+
+def _outcome(call: Callable[[], object]) -> str:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return f"{exc.code().name}: {exc.details()}"
+    except FaultToleranceError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def _ask(client: LighthouseClient, rid: str, step: int) -> object:
+    """One quorum request under ``rid`` at ``step`` (a one-rank group at a bogus address)."""
+    return client.quorum(rid, T, address="127.0.0.1:1", step=step, world_size=1)
+
+
+def _leave(channel: grpc.Channel, rid: str) -> list[bytes]:
+    """A liveness stream under ``rid``: a ping, then a clean-leave announcement."""
+
+    def pings() -> Iterator[bytes]:
+        yield wire.encode_liveness_ping(rid)
+        yield wire.encode_liveness_ping(rid, leaving=True, step=0)
+
+    return list(stub(channel, services.LIGHTHOUSE_LIVENESS)(pings(), timeout=T.total_seconds()))
+
+
+def quorum(addr: str, rid: str, secret: str | None, step: int) -> list[str]:
+    """Ask under a member's id, as another incarnation and as a token-less client."""
+    out = []
+    for token in (auth.new_incarnation(), None):
+        client = LighthouseClient(addr, T, job_secret=secret, incarnation=token)
+        out.append(_outcome(partial(_ask, client, rid, step)))
+        client.close()
+    return out
+
+
+def liveness(addr: str, rid: str, secret: str | None) -> list[str]:
+    """Open a liveness stream under a member's id and announce its clean leave."""
+    out = []
+    for token in (None, auth.new_incarnation()):
+        channel = auth.sync_channel(
+            normalize_address(addr), CHANNEL_OPTIONS, secret, incarnation=token
+        )
+        out.append(_outcome(partial(_leave, channel, rid)))
+        channel.close()
+    client = LighthouseClient(addr, T, job_secret=secret)
+    out.append(_outcome(lambda: client.heartbeat(rid, T)))
+    client.close()
+    return out
+
+
+def ghost(addr: str, rid: str, secret: str | None, step: int) -> list[str]:
+    """A new replica claiming a step far ahead of the job."""
+    client = LighthouseClient(addr, T, job_secret=secret, incarnation=auth.new_incarnation())
+    return [_outcome(partial(_ask, client, rid, step))]
+
+
+def vote(addr: str, secret: str | None, step: int) -> list[str]:
+    """Group rank 1 votes yes for a step ahead of the group's open vote."""
+    client = ManagerClient(addr, T, job_secret=secret)
+    return [_outcome(lambda: client.should_commit(1, step, True, T))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.security.attacker")
+    p.add_argument("attack", choices=["quorum", "liveness", "ghost", "vote"])
+    p.add_argument("--addr", required=True)
+    p.add_argument("--replica-id", default="")
+    p.add_argument("--secret", default=None)
+    p.add_argument("--step", type=int, default=0)
+    a = p.parse_args()
+    if a.attack == "quorum":
+        outcomes = quorum(a.addr, a.replica_id, a.secret, a.step)
+    elif a.attack == "liveness":
+        outcomes = liveness(a.addr, a.replica_id, a.secret)
+    elif a.attack == "ghost":
+        outcomes = ghost(a.addr, a.replica_id, a.secret, a.step)
+    else:
+        outcomes = vote(a.addr, a.secret, a.step)
+    print(json.dumps({"outcomes": outcomes}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
