@@ -46,6 +46,8 @@ def replica_with_env(ctx: RankContext) -> dict[str, Any]:
         timeout=timedelta(seconds=10),
     )
     participants: list[int] = []
+    if ctx.rank == 1:
+        ctx.store.set("replica1/up", "1")
     try:
         for _ in range(100):  # bounded: replica 0 may step alone a while first
             if manager.current_step() >= 6 and 2 in participants:
@@ -58,6 +60,10 @@ def replica_with_env(ctx: RankContext) -> dict[str, Any]:
             participants.append(manager.num_participants())
             if ctx.rank == 0 and manager.current_step() == 2:
                 ctx.store.set("replica0/at-step-2", "1")
+                # Stepping on alone while replica 1 starts (seconds on a loaded machine)
+                # could use up the bounded loop, and replica 1 would then find nobody to
+                # heal from.
+                ctx.store.wait(["replica1/up"])
         return {"step": manager.current_step(), "w": weight.tolist(), "participants": participants}
     finally:
         manager.shutdown()
