@@ -208,16 +208,6 @@ def test_majority_keeps_committing_during_a_partition_between_replicas(net: Netw
             net.unblock("r1", "r2")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="ProcessGroupGloo.configure with a peer whose packets are silently dropped takes "
-    "5x its timeout (2 s -> 10.0 s; the error still says 'failed within 0:00:02'): torch's "
-    "Gloo makes 5 connection attempts per pair, each waiting the whole timeout, and the "
-    "constructor cannot be interrupted by a failure notice. Building Gloo with timeout/5 "
-    "(then _set_default_timeout(timeout) for ops) bounded it, but made workers segfault "
-    "tearing an old backend down across a healed partition, so it was reverted",
-)
 def test_gloo_configure_with_a_silently_unreachable_peer_fails_within_its_timeout() -> None:
     """Two ranks meet at a store both reach, but every packet between them is dropped
     (a partition, or a host that went dark): configure must fail within about its

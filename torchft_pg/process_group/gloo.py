@@ -13,8 +13,11 @@ from torch._C._distributed_c10d import Work
 from torch.distributed import Store
 
 from torchft_pg.errors import ProcessGroupAbortedError
+from torchft_pg.process_group import _reaper
+from torchft_pg.process_group._bounded_build import Abandoned, build_within
 from torchft_pg.process_group._staging import stage_on_host, staged_work
 from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.store import StoreAddress
 from torchft_pg.work import AbortableWork, AbortSignal
 
 __all__ = ["ProcessGroupGloo"]
@@ -72,6 +75,39 @@ class ProcessGroupGloo(ProcessGroupWrapper):
     def _create_pg(self, store: Store, rank: int, world_size: int) -> BaseProcessGroup:
         self._abort_signal = AbortSignal()
         return create_gloo_group(store, rank, world_size, self._timeout, self._hostname)
+
+    def _create_pg_at(self, address: StoreAddress, rank: int, world_size: int) -> Any:
+        """Meet the members, then build Gloo within the timeout (see `_bounded_build`).
+
+        Gloo's constructor alone can take several times the timeout against a
+        peer that drops packets, and no failure notice can stop it; here the
+        configure fails at the timeout or the interrupt instead, and the
+        constructor's late result (and the store client lent to it) is disposed
+        of when it returns.
+        """
+        lease = self._meet_at(address, rank, world_size)
+
+        def dispose(backend: BaseProcessGroup | None) -> None:
+            if backend is not None:
+                _reaper.retire([backend])
+            lease.release()
+
+        try:
+            backend = build_within(
+                lambda: self._create_pg(lease.store, rank, world_size),
+                timeout_s=self._timeout.total_seconds(),
+                interrupted=self._interrupted,
+                interrupt_reason=lambda: self._interrupt_reason,
+                on_abandoned=dispose,
+                what=f"Gloo rank {rank} of {world_size} at {address}",
+            )
+        except Abandoned:
+            raise  # `dispose` releases the store client once the constructor returns
+        except BaseException:
+            lease.release()
+            raise
+        self._store_lease = lease
+        return backend
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         staging = stage_on_host(op, outputs, args)
