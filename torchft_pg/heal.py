@@ -165,6 +165,7 @@ class Healer:
 
     def send(self, result: QuorumResult, counters: dict[str, int]) -> None:
         """Serve this replica's state at `result.max_step` to the replicas healing from it."""
+        self.transport.set_quorum(f"{result.epoch}/{result.quorum_id}", result.replica_rank)
         with self.reads.reading(self._timeout.total_seconds()):
             self.transport.send_checkpoint(
                 result.recover_dst_replica_ranks,
@@ -187,6 +188,7 @@ class Healer:
         )
         if result.recover_src_replica_rank is None:
             raise RecoveryError(f"the quorum names no heal source for step {result.max_step}")
+        self.transport.set_quorum(f"{result.epoch}/{result.quorum_id}", result.replica_rank)
         payload = self.transport.recv_checkpoint(
             result.recover_src_replica_rank, metadata, result.max_step, self._timeout
         )

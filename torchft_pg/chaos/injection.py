@@ -123,6 +123,9 @@ class FaultInjectingTransport(CheckpointTransport[Any]):
     def address(self) -> str:
         return self.inner.address()
 
+    def set_quorum(self, quorum: str, replica_rank: int) -> None:
+        self.inner.set_quorum(quorum, replica_rank)
+
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta
     ) -> None:
@@ -138,6 +141,9 @@ class FaultInjectingTransport(CheckpointTransport[Any]):
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         self.injector.hit(Phase.HEAL_RECV)
         return self.inner.recv_checkpoint(src_rank, metadata, step, timeout)
+
+    def received_bytes(self) -> int | None:
+        return self.inner.received_bytes()
 
     def shutdown(self, wait: bool = True) -> None:
         self.inner.shutdown(wait)

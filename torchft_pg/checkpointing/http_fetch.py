@@ -98,6 +98,7 @@ class ChunkFetcher:
         peer: str,
         job_secret: str | None = None,
         tls: TlsConfig | None = None,
+        healer: dict[str, str] | None = None,
     ) -> None:
         self.tls = tls
         # One context for every connection of this receive (loading the CA costs ~1 ms).
@@ -106,6 +107,7 @@ class ChunkFetcher:
         self.deadline, self.peer = deadline, peer
         # Sent with every request when the job has a secret (see lighthouse.auth).
         self.headers = {} if job_secret is None else {auth.HTTP_HEADER: job_secret}
+        self.headers.update(healer or {})  # which quorum and replica rank asks (named_healers)
         self.cancel = threading.Event()
 
     def _time_left(self) -> float:

@@ -17,6 +17,9 @@ Answers other than 200:
 * ``400`` — a malformed path, or a step other than the one served; the latter
   names both steps in its body and carries the served step in the
   `SERVED_STEP_HEADER` header, so the receiver can report it exactly;
+* ``401`` — no job secret, when the job has one (`lighthouse.auth`);
+* ``403`` — a request not from a healer the quorum named (`named_healers`),
+  when the owner said which quorum it serves in;
 * ``409`` — a chunk request whose ``serial`` is not the served checkpoint's
   (it was re-sent or re-allowed since the receiver read the metadata);
 * ``503`` — serving was not allowed within the wait (with the
@@ -55,6 +58,11 @@ from torchft_pg.checkpointing.layout import (
     iter_pieces,
     piece_digest,
     plan_chunks,
+)
+from torchft_pg.checkpointing.named_healers import (
+    QUORUM_HEADER,
+    REPLICA_RANK_HEADER,
+    NamedHealers,
 )
 from torchft_pg.checkpointing.serialization import Packed
 from torchft_pg.checkpointing.transport import logger
@@ -101,6 +109,8 @@ class CheckpointServer(ThreadingHTTPServer):
         self.tls_context = tls_context
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.job_secret = job_secret  # every request must present it (None: unchecked)
+        # Who the checkpoint is served to (None: anyone with the secret, if one is set).
+        self.healers: NamedHealers | None = None
         self.gate = gate
         self.timeout_s = timeout_s
         self.streaming: dict[socket.socket, Packed] = {}
@@ -213,6 +223,18 @@ class _Handler(BaseHTTPRequestHandler):
                 "checkpoint request from %s without the job secret", self.address_string()
             )
             self._error(401, f"this job's checkpoints require its job secret ({auth.SECRET_ENV})")
+            return
+        healers = server.healers
+        refusal = (
+            None
+            if healers is None
+            else healers.refusal(
+                self.headers.get(QUORUM_HEADER), self.headers.get(REPLICA_RANK_HEADER)
+            )
+        )
+        if refusal is not None:
+            logger.warning("checkpoint request from %s refused: %s", self.address_string(), refusal)
+            self._error(403, refusal)
             return
         try:
             step, kind, i, n, query = parse_path(self.path)

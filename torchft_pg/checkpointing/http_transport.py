@@ -70,6 +70,7 @@ from lighthouse.tls import TlsConfig, resolve_tls, server_ssl_context
 from torchft_pg.checkpointing.gate import ServingGate
 from torchft_pg.checkpointing.http_fetch import CheckpointTimeoutError, ChunkFetcher
 from torchft_pg.checkpointing.http_server import MAX_CHUNKS, CheckpointServer
+from torchft_pg.checkpointing.named_healers import NamedHealers, healer_headers
 from torchft_pg.checkpointing.serialization import (
     Packed,
     decode_skeleton,
@@ -200,6 +201,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         self._thread.start()
         self._closed = False
         self._received_bytes: int | None = None  # of the last successful receive
+        self._quorum: tuple[str, int] | None = None  # set_quorum: (quorum, replica rank)
 
     @property
     def port(self) -> int:
@@ -219,21 +221,37 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         """What a receiver passes to `recv_checkpoint`: the same URL as `address()`."""
         return self.address()
 
+    def set_quorum(self, quorum: str, replica_rank: int) -> None:
+        """Serve later checkpoints only to the healers `quorum` names, and say in every
+        receive that it comes from `replica_rank` of `quorum` (see `named_healers`)."""
+        if not isinstance(quorum, str) or not quorum:
+            raise ValueError(f"quorum must be a non-empty str 'epoch/quorum_id', got {quorum!r}")
+        if type(replica_rank) is not int or replica_rank < 0:
+            raise ValueError(f"replica_rank must be an int >= 0, got {replica_rank!r}")
+        self._quorum = (quorum, replica_rank)
+
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta
     ) -> None:
-        """Serve `state_dict` as `step` until `disallow_checkpoint` (pull model: `dst_ranks` unused).
+        """Serve `state_dict` as `step` until `disallow_checkpoint`.
 
         Serves a snapshot (see the module docstring): returns once the state is
         copied to CPU memory of the transport's own, after which the caller may
         mutate `state_dict`. DTensors are served as their local shards and layouts.
-        `timeout` is unused. A transfer still streaming an earlier checkpoint is
-        cut off.
+        After `set_quorum` only the replica ranks `dst_ranks` of that quorum may
+        fetch it; without, anyone who may reach the server (pull model: every
+        receiver fetches for itself). `timeout` is unused. A transfer still
+        streaming an earlier checkpoint is cut off.
         """
-        del dst_ranks, timeout
+        del timeout
         check_step(step)
         with self._send_lock:
             self._sent = SentCheckpoint(step=step, state_dict=state_dict)
+            self._server.healers = (
+                None
+                if self._quorum is None
+                else NamedHealers(quorum=self._quorum[0], replica_ranks=frozenset(dst_ranks))
+            )
             self._serve(step, state_dict)
 
     def allow_checkpoint(self, step: int) -> None:
@@ -319,7 +337,15 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             )
         deadline = Deadline(budget)
         fetch = ChunkFetcher(
-            url.hostname, url.port, url.path, step, deadline, peer, self._job_secret, self._tls
+            url.hostname,
+            url.port,
+            url.path,
+            step,
+            deadline,
+            peer,
+            self._job_secret,
+            self._tls,
+            None if self._quorum is None else healer_headers(*self._quorum),
         )
         meta = fetch.get_meta()
         skeleton = decode_skeleton(meta)

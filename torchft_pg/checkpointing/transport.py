@@ -130,6 +130,16 @@ class CheckpointTransport(ABC, Generic[T]):
         """Where receivers reach this transport; by default the same as `metadata()`."""
         return self.metadata()
 
+    def set_quorum(self, quorum: str, replica_rank: int) -> None:
+        """The quorum (``"{epoch}/{quorum_id}"``) this replica is in and its replica
+        rank there; the Manager calls it before each send or receive of a heal.
+
+        A transport may use it to serve only the healers the quorum named
+        (`HTTPTransport` does, see `named_healers`) and to say who asks. The
+        default ignores it, so transports written for torchft work unchanged.
+        """
+        del quorum, replica_rank
+
     @abstractmethod
     def send_checkpoint(
         self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta

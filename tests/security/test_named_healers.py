@@ -1,0 +1,108 @@
+"""A served checkpoint goes only to the healers its quorum named.
+
+The source (an `HTTPTransport` told its quorum, as the Manager does) runs in
+this process; every receiver, named or not, runs in a process of its own and
+has the job secret: what keeps it out here is the quorum, not the secret.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+from tests.multiproc import RankContext, run_ranks
+from torchft_pg.checkpointing import HTTPTransport
+from torchft_pg.checkpointing.named_healers import NamedHealers
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = "s3cret-for-this-job-only"
+T = timedelta(seconds=5)
+
+
+def _fetch_as(ctx: RankContext) -> str:
+    """Receive step 3 from `metadata`, saying it is `replica_rank` of `quorum` (None: silent)."""
+    metadata, quorum, replica_rank = ctx.args
+    receiver: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", job_secret=SECRET
+    )
+    try:
+        if quorum is not None:
+            receiver.set_quorum(quorum, replica_rank)
+        state = receiver.recv_checkpoint(0, metadata, 3, T)
+        return f"got {state['w'].tolist()}"
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        receiver.shutdown()
+
+
+def test_only_the_replica_ranks_the_quorum_named_may_fetch_the_state() -> None:
+    source: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", job_secret=SECRET
+    )
+    try:
+        source.set_quorum("e1/7", 0)
+        source.send_checkpoint([1, 2], 3, {"w": torch.arange(3.0)}, T)
+        url = source.metadata()
+        asks = [(url, "e1/7", 1), (url, "e1/7", 3), (url, "e1/6", 1), (url, None, 0)]
+        named, other_rank, old_quorum, silent = (run_ranks(_fetch_as, 1, *ask)[0] for ask in asks)
+        assert named == "got [0.0, 1.0, 2.0]"
+        assert "403" in other_rank and "named replica ranks [1, 2]" in other_rank, other_rank
+        assert "403" in old_quorum and "served in quorum e1/7" in old_quorum, old_quorum
+        assert "403" in silent and "did not say which quorum" in silent, silent
+        # Refusals changed nothing: the named healer still gets the state.
+        assert run_ranks(_fetch_as, 1, url, "e1/7", 2)[0] == "got [0.0, 1.0, 2.0]"
+        # The next quorum names other healers; the earlier one is now refused.
+        source.set_quorum("e1/8", 0)
+        source.send_checkpoint([3], 3, {"w": torch.arange(3.0)}, T)
+        assert "403" in run_ranks(_fetch_as, 1, url, "e1/7", 1)[0]
+        assert run_ranks(_fetch_as, 1, url, "e1/8", 3)[0] == "got [0.0, 1.0, 2.0]"
+    finally:
+        source.shutdown()
+
+
+def test_a_transport_not_told_its_quorum_serves_as_before() -> None:
+    """torchft's transports and direct users never call set_quorum: nothing changes for them."""
+    source: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", job_secret=SECRET
+    )
+    try:
+        source.send_checkpoint([1], 3, {"w": torch.arange(3.0)}, T)
+        assert run_ranks(_fetch_as, 1, source.metadata(), None, 0)[0] == "got [0.0, 1.0, 2.0]"
+    finally:
+        source.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("quorum", "rank", "why"),
+    [
+        (None, "1", "did not say which quorum"),
+        ("e/1", None, "did not say which quorum"),
+        ("e/2", "1", "served in quorum e/1, not in quorum 'e/2'"),
+        ("e/1", "0", "named replica ranks [1, 4] to heal from this replica, not '0'"),
+        ("e/1", "-1", "not '-1'"),
+        ("e/1", "²", "not '²'"),
+        ("e/1", "1" * 40, "not '1111111111111111'"),
+    ],
+)
+def test_refusals_name_what_the_quorum_named(
+    quorum: str | None, rank: str | None, why: str
+) -> None:
+    healers = NamedHealers(quorum="e/1", replica_ranks=frozenset({1, 4}))
+    refusal = healers.refusal(quorum, rank)
+    assert refusal is not None and why in refusal, refusal
+    assert healers.refusal("e/1", "4") is None
+
+
+def test_set_quorum_checks_its_arguments() -> None:
+    t: HTTPTransport[dict[str, Any]] = HTTPTransport(T, bind_host="127.0.0.1")
+    try:
+        with pytest.raises(ValueError, match="quorum must be a non-empty str"):
+            t.set_quorum("", 0)
+        with pytest.raises(ValueError, match="replica_rank must be an int >= 0, got -1"):
+            t.set_quorum("e/1", -1)
+    finally:
+        t.shutdown()
