@@ -21,6 +21,8 @@ ping or leave under it (``lighthouse.coordinator.incarnations``).
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import logging
 import os
 import re
 import secrets
@@ -42,6 +44,7 @@ __all__ = [
     "SECRET_FILE_ENV",
     "call_metadata",
     "check_incarnation",
+    "exposure_warning",
     "guard",
     "header_presents",
     "incarnation_of",
@@ -50,6 +53,7 @@ __all__ = [
     "resolve_job_id",
     "resolve_job_secret",
     "sync_channel",
+    "warn_if_exposed",
 ]
 
 JOB_ID_ENV = "TORCHFT_JOB_ID"
@@ -112,6 +116,45 @@ def resolve_job_secret(secret: str | None = None) -> str | None:
             f"got {len(secret)}"
         )
     return secret
+
+
+_warned_exposed: set[str] = set()
+
+
+def exposure_warning(what: str, bind_host: str, secret: str | None) -> str | None:
+    """What to warn about when `what` listens on `bind_host` without a job secret, or None.
+
+    Loopback binds (``127.0.0.0/8``, ``::1``, ``localhost``) and servers with a
+    secret are not exposed; any other bind (a wildcard, an interface's address,
+    a host name) may be reached from other machines, and without a secret
+    anyone who reaches it may join, read, poison or stop the job. The servers
+    still start: a multi-machine job needs such binds, and the secret is the
+    operator's to set.
+    """
+    if secret is not None:
+        return None
+    host = bind_host.strip("[]")
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass  # a host name: it may resolve to any interface
+    return (
+        f"{what} listens on {bind_host or '*'} with no job secret: anyone who can reach it "
+        f"can join, read or stop this job. Set {SECRET_ENV} (or {SECRET_FILE_ENV}) in every "
+        "process of the job, or bind to 127.0.0.1 for a job on one machine (README: "
+        "'Security and network exposure')"
+    )
+
+
+def warn_if_exposed(log: logging.Logger, what: str, bind_host: str, secret: str | None) -> None:
+    """Log `exposure_warning` once per process and kind of server (`what`)."""
+    warning = exposure_warning(what, bind_host, secret)
+    if warning is not None and what not in _warned_exposed:
+        _warned_exposed.add(what)
+        log.warning(warning)
 
 
 def resolve_job_id(job_id: str | None = None) -> str | None:

@@ -172,6 +172,7 @@ class LighthouseServer:
         self.job_id = auth.resolve_job_id(job_id)
         self._tls = tls if tls is not None else resolve_tls()
         bind_host, _ = split_host_port(bind, "bind")
+        auth.warn_if_exposed(log, "the lighthouse", bind_host, self._job_secret)
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
         job_state = None if state_file is None else JobStateFile(state_file)

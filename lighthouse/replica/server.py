@@ -124,6 +124,7 @@ class ManagerServer:
         self._job_secret = auth.resolve_job_secret(job_secret)
         self._tls = tls if tls is not None else resolve_tls()
         bind_host, _ = split_host_port(bind, "bind")
+        auth.warn_if_exposed(log, "the manager server", bind_host, self._job_secret)
         self._host = advertised_host(bind_host, hostname)
         self._lease = LeaseHolder()
         self._subscribers: set[asyncio.Queue[bytes]] = set()

@@ -161,6 +161,8 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         # Required of every request and sent with every fetch (default: from the
         # environment, see lighthouse.auth); None leaves the server unchecked.
         self._job_secret = auth.resolve_job_secret(job_secret)
+        if isinstance(bind_host, str):
+            auth.warn_if_exposed(logger, "the checkpoint HTTP server", bind_host, self._job_secret)
         self._tls = tls if tls is not None else resolve_tls()
         if type(num_chunks) is not int:
             raise TypeError(
