@@ -11,6 +11,11 @@ Each setting: its environment variable, unit and default.
 - hostname         TORCHFT_HOSTNAME       address other machines use to reach this rank's manager
                                           and checkpoint servers (default: the machine's hostname
                                           for the manager server, loopback-safe for checkpoints)
+- bind_host        TORCHFT_BIND_HOST      the address this rank's manager server (group rank 0) and
+                                          checkpoint server listen on, e.g. 127.0.0.1 for a job on
+                                          one machine or one interface's address (default: every
+                                          interface, ``::`` and ``0.0.0.0``, so other machines can
+                                          heal from it)
 Explicit constructor arguments win over the environment.
 """
 
@@ -35,6 +40,7 @@ class ManagerConfig:
     replica_id: str
     port: int
     hostname: str | None = None
+    bind_host: str | None = None  # None: every interface (see the module docstring)
 
     @classmethod
     def from_env(
@@ -49,6 +55,7 @@ class ManagerConfig:
         replica_id: str | None = None,
         port: int | None = None,
         hostname: str | None = None,
+        bind_host: str | None = None,
     ) -> ManagerConfig:
         """Fill every argument left as None from `env` (default: os.environ)."""
         env = os.environ if env is None else env
@@ -81,6 +88,7 @@ class ManagerConfig:
             else env.get("REPLICA_GROUP_ID", "replica"),
             port=integer("TORCHFT_MANAGER_PORT", port, 0),
             hostname=hostname if hostname is not None else env.get("TORCHFT_HOSTNAME") or None,
+            bind_host=bind_host if bind_host is not None else env.get("TORCHFT_BIND_HOST") or None,
         )
         config.validate()
         return config
@@ -94,6 +102,13 @@ class ManagerConfig:
             raise ValueError(f"store_port must be in [1, 65535], got {self.store_port}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.bind_host is not None and (
+            not self.bind_host or self.bind_host != self.bind_host.strip("[] ")
+        ):
+            raise ValueError(
+                f"bind_host must be a host or address without brackets or port, e.g. "
+                f"127.0.0.1 or ::, got {self.bind_host!r}"
+            )
         if self.rank == 0 and not self.lighthouse_addr:
             raise ValueError(
                 "group rank 0 needs the lighthouse address: pass lighthouse_addr= or set TORCHFT_LIGHTHOUSE"

@@ -18,7 +18,13 @@ from torch.distributed import TCPStore
 from lighthouse import LocalManagerClient, ManagerClient, ManagerClientProtocol, ManagerServer
 from torchft_pg.config import ManagerConfig
 
-__all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "advertised_store_addr", "connect_replica_group"]
+__all__ = [
+    "MANAGER_ADDR_KEY",
+    "REPLICA_ID_KEY",
+    "advertised_store_addr",
+    "connect_replica_group",
+    "manager_bind",
+]
 
 #: Group-store key where rank 0 publishes its manager server's address.
 MANAGER_ADDR_KEY = "manager_addr"
@@ -48,6 +54,13 @@ def advertised_store_addr(store_addr: str, store_port: int, hostname: str | None
     return f"{host}:{store_port}"
 
 
+def manager_bind(config: ManagerConfig) -> str:
+    """The manager server's listen address, ``host:port``: `config.bind_host` (every
+    interface if None) and `config.port`."""
+    host = config.bind_host or "::"
+    return f"[{host}]:{config.port}" if ":" in host else f"{host}:{config.port}"
+
+
 def connect_replica_group(
     config: ManagerConfig,
     hostname: str | None,
@@ -75,7 +88,7 @@ def connect_replica_group(
             full_id,
             config.lighthouse_addr,
             hostname=hostname,
-            bind=f"[::]:{config.port}",
+            bind=manager_bind(config),
             store_addr=advertised_store_addr(config.store_addr, config.store_port, hostname),
             world_size=config.world_size,
             heartbeat_interval=heartbeat_interval,
