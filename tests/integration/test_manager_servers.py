@@ -124,7 +124,7 @@ def test_a_step_past_int64_fails_at_once_not_at_the_quorum_timeout() -> None:
             with pytest.raises(ValueError, match="batches_committed must be an int"):
                 bad: dict[str, Any] = {"step": 1, "batches_committed": "2"}
                 manager.load_state_dict(bad)
-            manager._step = 2**63  # e.g. a subclass's own restore path
+            manager._counters.step = 2**63  # e.g. a subclass's own restore path
             start = time.monotonic()
             manager.start_quorum()
             manager.allreduce(torch.ones(2)).wait()

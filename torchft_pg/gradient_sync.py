@@ -1,0 +1,138 @@
+"""The gradient allreduce across replica groups, plain or quantized.
+
+`GradientSync.allreduce` is `Manager.allreduce`: it never raises on a failure
+(the step's vote becomes no instead) and a failure notice completes it at
+once. `check_allreduce` (pure) refuses bad arguments up front;
+`quantized_sum` is the quantized path: an allgather of encoded
+contributions, summed in float32 in rank order (see `torchft_pg.quantization`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+from torch._C._distributed_c10d import AllgatherOptions, ReduceOp, Work
+
+from torchft_pg.errors import ExceptionWithTraceback
+from torchft_pg.futures import ProxyFuture
+from torchft_pg.notices import NoticeRouter
+from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.quantization import Quantization, encode, sum_encoded
+from torchft_pg.work import ManagedWork, completed_work
+
+__all__ = ["GradientSync", "StepStatus", "check_allreduce", "quantized_sum"]
+
+
+class StepStatus(Protocol):
+    """The parts of the step an allreduce consults (the Manager implements it)."""
+
+    def errored(self) -> ExceptionWithTraceback | None: ...
+    def report_error(self, e: Exception) -> None: ...
+    def wait_quorum(self) -> None: ...
+    def is_participating(self) -> bool: ...
+    def num_participants(self) -> int: ...
+
+
+def check_allreduce(
+    tensor: torch.Tensor,
+    reduce_op: ReduceOp | ReduceOp.RedOpType,
+    should_quantize: bool,
+    quantization: Quantization | str,
+) -> Quantization | None:
+    """The quantization scheme an allreduce uses (None: not quantized); raises
+    ValueError for arguments no step could reduce: AVG of a non-floating
+    tensor, a quantized op other than SUM or AVG, a quantized non-floating
+    tensor, an unknown scheme."""
+    average = reduce_op == ReduceOp.AVG
+    if average and not tensor.is_floating_point():
+        raise ValueError(f"AVG allreduce needs a floating tensor, got dtype {tensor.dtype}")
+    scheme = Quantization.parse(quantization) if should_quantize else None
+    if scheme is not None and not (average or reduce_op == ReduceOp.SUM):
+        raise ValueError(f"a quantized allreduce sums or averages, got reduce_op {reduce_op}")
+    if scheme is not None and not tensor.is_floating_point():
+        raise ValueError(f"a quantized allreduce needs a floating tensor, got {tensor.dtype}")
+    return scheme
+
+
+def quantized_sum(
+    pg: ProcessGroup, contribution: torch.Tensor, scheme: Quantization
+) -> tuple[Work, Callable[[], torch.Tensor]]:
+    """Allgather every member's encoded `contribution` over `pg`; once the work is
+    done, the returned function gives the float32 sum (shaped like it), added
+    in rank order so that every member gets the same bits."""
+    encoded = encode(contribution, scheme)
+    gathered = [torch.empty_like(encoded) for _ in range(pg.size())]
+    work = pg.allgather([gathered], [encoded], AllgatherOptions())
+
+    def total() -> torch.Tensor:
+        return sum_encoded(gathered, contribution.numel(), scheme).view(contribution.shape)
+
+    return work, total
+
+
+class GradientSync:
+    """Allreduces over the cross-replica group `pg` for the step `step` describes.
+
+    `timeout` bounds each allreduce; `notices` aborts the in-flight ones when
+    a failure notice concerns the step.
+    """
+
+    def __init__(
+        self, pg: ProcessGroup, notices: NoticeRouter, timeout: timedelta, step: StepStatus
+    ) -> None:
+        self._pg = pg
+        self._notices = notices
+        self._timeout = timeout
+        self._step = step
+
+    def allreduce(
+        self,
+        tensor: torch.Tensor,
+        should_quantize: bool,
+        reduce_op: ReduceOp | ReduceOp.RedOpType,
+        quantization: Quantization | str,
+    ) -> Work:
+        """See `Manager.allreduce`."""
+        average = reduce_op == ReduceOp.AVG
+        scheme = check_allreduce(tensor, reduce_op, should_quantize, quantization)
+        if self._step.errored() is not None:
+            return completed_work(tensor)
+        try:
+            self._step.wait_quorum()
+            # The backend reduces a private copy: an op a failure notice abandoned
+            # may still complete later in the retired backend, and must then write
+            # into nothing the caller reuses (DDP's buckets are reused every step).
+            # The result reaches `tensor` only through `finish`, which an abort skips.
+            private = tensor.clone() if self._step.is_participating() else torch.zeros_like(tensor)
+            divisor = max(self._step.num_participants(), 1)
+            if scheme is not None:
+                work, reduced = quantized_sum(self._pg, private, scheme)
+            else:
+                op = ReduceOp(ReduceOp.SUM) if average else reduce_op
+                if not isinstance(op, ReduceOp):  # a RedOpType; c10d also passes ReduceOp
+                    op = ReduceOp(op)
+                work = self._pg.allreduce([private], op)
+
+                def reduced() -> torch.Tensor:
+                    return private  # the op wrote it in place
+
+            source = work.get_future()
+        except Exception as e:
+            self._step.report_error(e)
+            return completed_work(tensor)
+
+        def finish(_: Any) -> torch.Tensor:
+            tensor.copy_(reduced())
+            return tensor.div_(divisor) if average else tensor
+
+        proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
+            source, tensor, self._step.report_error, self._timeout, finish
+        )
+        self._notices.track(proxy)
+        errored = self._step.errored()
+        if errored is not None:  # a failure notice raced with our submit
+            proxy.abort(errored.original_exception)
+        return ManagedWork(proxy)

@@ -1,0 +1,336 @@
+"""One rank's quorum round: request, result, configure, heal.
+
+`Manager.start_quorum` hands each step's round to `QuorumRound.start`: it
+builds this rank's `ManagerQuorumRequest` and sends it to the group's manager
+server; where the `QuorumResult` arrives, `plan_quorum` (pure, in
+`quorum_plan`) says what it asks of this rank. A steady round (same quorum,
+nothing to heal) finishes right there; otherwise the blocking part runs on
+the Manager's quorum thread: reconfigure the process group on a new quorum,
+then heal (serve the state, or receive it). The received state is loaded
+only when the step commits (`settle_heal`), or at once with a synchronous
+quorum (`apply_pending_state`). `QuorumTimings` says where a round's time went.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+
+from lighthouse import ManagerClientProtocol, ManagerQuorumRequest, QuorumResult
+from lighthouse.types import HealReport
+from torchft_pg.errors import RecoveryError
+from torchft_pg.heal import Healer
+from torchft_pg.notices import NoticeRouter, StepView
+from torchft_pg.participation import NOT_STARTED, Participation, WorldSizeMode
+from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.quorum_plan import QuorumPlan, plan_quorum
+from torchft_pg.step_counters import StepCounters, checked_counters
+
+__all__ = ["QuorumRound", "QuorumTimings"]
+
+# The Manager's logger: the round's lines are the Manager's, as they always were.
+logger = logging.getLogger("torchft_pg.manager")
+
+
+@dataclass(frozen=True)
+class QuorumTimings:
+    """Where one `start_quorum` went, in seconds.
+
+    `quorum_s`: from the request to the result (includes waiting for the
+    other replicas to reach their step boundary); `configure_s`: rebuilding
+    the process group (0 when the quorum did not change); `heal_s`: sending
+    or receiving the state (0 when nobody healed).
+    """
+
+    quorum_s: float
+    configure_s: float = 0.0
+    heal_s: float = 0.0
+
+
+class QuorumRound:
+    """Runs each step's quorum round for one rank and keeps what it decided.
+
+    What a round decided is read by the Manager and written only here (and
+    `epoch`/`quorum_id`/`participants` only under `pg_lock`, where the group
+    changes with them): the (`epoch`, `quorum_id`) the group is configured
+    for and its members' replica ids (`participants`), this rank's
+    `participation`, whether it is `healing` this step, the last round's
+    `timings` and `step_time_ms`, the milliseconds between the last two
+    rounds' starts (sent with the request, for the lighthouse's dashboard).
+
+    `executor` is the Manager's single quorum thread (blocking work of a round
+    runs there); `report_error` fails the step (its vote becomes no); `tag`
+    names replica, rank, step and quorum for log lines; `clock` (seconds)
+    measures `step_time_ms`.
+    """
+
+    def __init__(
+        self,
+        *,
+        pg: ProcessGroup,
+        pg_lock: threading.Lock,
+        notices: NoticeRouter,
+        healer: Healer,
+        executor: ThreadPoolExecutor,
+        counters: StepCounters,
+        group_rank: int,
+        use_async_quorum: bool,
+        world_size_mode: WorldSizeMode,
+        min_replica_size: int,
+        init_sync: bool,
+        clock: Callable[[], float],
+        report_error: Callable[[Exception], None],
+        tag: Callable[[], str],
+    ) -> None:
+        self._pg = pg
+        self._pg_lock = pg_lock
+        self._notices = notices
+        self._healer = healer
+        self._executor = executor
+        self._counters = counters
+        self._group_rank = group_rank
+        self._use_async_quorum = use_async_quorum
+        self._world_size_mode = world_size_mode
+        self._min_replica_size = min_replica_size
+        self._init_sync = init_sync
+        self._clock = clock
+        self._report_error = report_error
+        self._tag = tag
+        self.epoch = ""
+        self.quorum_id = -1
+        self.participants: frozenset[str] = frozenset()
+        self.participation: Participation = NOT_STARTED
+        self.healing = False
+        self.timings: QuorumTimings | None = None
+        self.step_time_ms = 0.0
+        self._last_start: float | None = None  # clock seconds of the last round's start
+        self._requested = 0.0  # perf_counter seconds when this round's request went out
+        self._future: ThreadFuture[None] | None = None  # done once this round is taken
+        # What this rank's latest heal moved, for the lighthouse: sent once, with
+        # the next quorum request (None: nothing to report).
+        self._heal_report: HealReport | None = None
+
+    # -- the caller's side ---------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        """A round was started (its result may still be pending)."""
+        return self._future is not None
+
+    def wait(self) -> None:
+        """Block until the latest round is taken; raise its failure."""
+        assert self._future is not None, "call start_quorum() first"
+        self._future.result()
+
+    def wait_previous(self) -> None:
+        """Before a new round: raise the previous round's failure, if any."""
+        if self._future is not None:
+            self._future.result()
+
+    def start(
+        self,
+        connect: Callable[[], ManagerClientProtocol],
+        allow_heal: bool,
+        shrink_only: bool,
+        timeout: timedelta,
+    ) -> None:
+        """Send this step's request (waiting up to `timeout` for the quorum) through
+        the client `connect` returns; the round finishes in the background."""
+        now = self._clock()
+        if self._last_start is not None:
+            self.step_time_ms = (now - self._last_start) * 1000.0
+        self._last_start = now
+        self.healing = False
+        self._counters.begin_quorum()
+        self._notices.quorum_requested()
+        client = connect()
+        self._requested = time.perf_counter()
+        done: ThreadFuture[None] = ThreadFuture()
+        self._future = done
+        request = self._request(shrink_only, timeout)
+        try:
+            pending = client.quorum_async(request)
+        except Exception as e:
+            done.set_exception(e)
+        else:
+            pending.add_done_callback(lambda f: self._on_result(f, done, allow_heal, timeout))
+
+    def _request(self, shrink_only: bool, timeout: timedelta) -> ManagerQuorumRequest:
+        """This rank's request for this step's quorum, waiting up to `timeout`.
+        It carries the latest heal's report, which is then cleared (sent once)."""
+        heal, self._heal_report = self._heal_report, None
+        return ManagerQuorumRequest(
+            group_rank=self._group_rank,
+            step=self._counters.step,
+            checkpoint_metadata=self._healer.transport.metadata(),
+            timeout=timeout,
+            shrink_only=shrink_only,
+            init_sync=self._init_sync,
+            commit_failures=self._counters.commit_failures,
+            step_time_ms=self.step_time_ms,
+            heal=heal,
+        )
+
+    # -- the result ----------------------------------------------------------------
+    def _on_result(
+        self,
+        pending: ThreadFuture[QuorumResult],
+        done: ThreadFuture[None],
+        allow_heal: bool,
+        timeout: timedelta,
+    ) -> None:
+        """Runs where the result arrives: the manager server's loop for rank 0's
+        in-process client, else the remote client's worker thread. In the
+        steady state (same quorum, nothing to heal) the step's quorum is
+        finished right there; a reconfiguration or heal, which block, go to the
+        quorum thread."""
+        try:
+            result = pending.result()
+        except BaseException as e:
+            self._notices.quorum_failed()
+            done.set_exception(e)
+            return
+        plan = plan_quorum(
+            result,
+            configured=(self.epoch, self.quorum_id),
+            group_rank=self._group_rank,
+            allow_heal=allow_heal,
+            heals_in_background=self._use_async_quorum or not allow_heal,
+            mode=self._world_size_mode,
+            min_replica_size=self._min_replica_size,
+        )
+
+        def finish() -> None:
+            try:
+                self._finish(result, plan, timeout)
+            except BaseException as e:
+                self._notices.quorum_failed()
+                done.set_exception(e)
+            else:
+                # Held notices take effect before the quorum is seen as taken, so a
+                # caller of wait_quorum() never sees a step the notice should fail.
+                # Under the lock: a notice arriving meanwhile is held, then applied.
+                with self._pg_lock:
+                    self._notices.quorum_taken_locked()
+                    done.set_result(None)
+
+        if plan.steady:
+            finish()
+            return
+        try:
+            self._executor.submit(finish)
+        except RuntimeError as e:  # shut down meanwhile
+            done.set_exception(e)
+
+    def _finish(self, result: QuorumResult, plan: QuorumPlan, timeout: timedelta) -> None:
+        """Take this step's ranks from `plan`; reconfigure the PG on a new quorum
+        and heal (send or receive the state) if the plan says so."""
+        quorum_s = time.perf_counter() - self._requested
+        configure_s = self._take(result, plan)
+        heal_s = 0.0
+        if configure_s is not None and plan.heals:
+            start = time.perf_counter()
+            self._heal(result, plan, timeout)
+            heal_s = time.perf_counter() - start
+        self.timings = QuorumTimings(quorum_s, configure_s or 0.0, heal_s)
+
+    def _take(self, result: QuorumResult, plan: QuorumPlan) -> float | None:
+        """This step's ranks from `plan`; on a new quorum, reconfigure the PG.
+        Returns the seconds spent reconfiguring (0.0 for the same quorum), None
+        if it failed (reported: this step votes no)."""
+        self.participation = plan.participation
+        if plan.configure_at is None:
+            return 0.0
+        logger.info(
+            "%s new quorum %s/%s: %d replicas %s, reconfiguring at %s",
+            self._tag(),
+            result.epoch,
+            result.quorum_id,
+            result.replica_world_size,
+            result.replica_ids,
+            plan.configure_at,
+        )
+        members = frozenset(result.replica_ids)
+        start = time.perf_counter()
+        try:
+            with (
+                self._notices.configuring(result.epoch, result.quorum_id, members),
+                self._pg_lock,
+            ):
+                self._pg.configure(
+                    plan.configure_at, result.replica_rank, result.replica_world_size
+                )
+                self.epoch, self.quorum_id = result.epoch, result.quorum_id
+                self.participants = members
+        except Exception as e:
+            self._report_error(e)
+            return None
+        return time.perf_counter() - start
+
+    # -- heal ------------------------------------------------------------------------
+    def _heal(self, result: QuorumResult, plan: QuorumPlan, timeout: timedelta) -> None:
+        try:
+            if plan.send_heal:
+                self._healer.send(result, self._counters.state_dict())
+            if plan.receive_heal:
+                self.healing = True
+                start = time.perf_counter()
+                self._counters.healed = checked_counters(self._healer.receive(result))
+                self._heal_report = self._healer.last_received
+                logger.info(
+                    "%s healed to step %d from replica rank %s in %.3f s (%s bytes)",
+                    self._tag(),
+                    self._counters.current_step(),
+                    plan.heal_source,
+                    time.perf_counter() - start,
+                    None if self._heal_report is None else self._heal_report.bytes_received,
+                )
+        except Exception as e:
+            self._report_error(RecoveryError(f"healing at step {plan.heal_step} failed: {e}"))
+
+    def apply_pending_state(self) -> None:
+        """Synchronous quorum: load a received state now, before the step runs."""
+        if self._healer.has_pending():
+            try:
+                self._healer.apply_pending()
+            except Exception as e:
+                self._report_error(RecoveryError(f"applying the healed state failed: {e}"))
+            self.healing = False
+
+    def settle_heal(self, committed: bool) -> dict[str, int] | None:
+        """At the vote: stop serving heals; load a received state only if the group
+        `committed` the step. Returns the heal's counters for the vote to apply.
+
+        A healed state is loaded only once the group has committed: in a
+        multi-rank group another rank's heal may have failed, and a rank that
+        loaded the source's state while its step stays put would train the next
+        step on a state its group never committed to. Raises RecoveryError if
+        the group committed but loading failed here: this rank cannot follow.
+        """
+        self._healer.transport.disallow_checkpoint()
+        healed = self._counters.take_healed()
+        if committed and self._healer.has_pending():
+            try:
+                self._healer.apply_pending()
+            except Exception as e:
+                raise RecoveryError(
+                    f"{self._tag()} the group committed a healed step but loading the "
+                    f"healed state here failed: {e}"
+                ) from e
+        self._healer.drop_pending()
+        self.healing = False
+        return healed
+
+    def step_view(self) -> StepView:
+        """What failure notices are compared with (read under `pg_lock`)."""
+        return StepView(
+            epoch=self.epoch,
+            quorum_id=self.quorum_id,
+            participants=self.participants,
+            step=self._counters.current_step(),
+        )
