@@ -101,7 +101,7 @@ class ChildProcess:
         self._ready = PendingRequest()
         self._pending[_READY_ID] = self._ready
         self._token = threading.RLock()  # held by the one thread reading the socket
-        self._receiver = msgs.Receiver(self._sock)
+        self._receiver = msgs.Receiver(self._sock, takes_fds=False)
         self._poller = select.poll()
         self._poller.register(self._sock, select.POLLIN)
         self._bg_reading = False  # the background thread is in its reading loop

@@ -53,6 +53,7 @@ _LENGTH = struct.Struct("<I")
 # Plain ints: socket's flag constants are IntFlag members, and enum arithmetic
 # costs microseconds per message.
 _TRUNCATED = int(socket.MSG_TRUNC) | int(socket.MSG_CTRUNC)
+_MSG_TRUNC = int(socket.MSG_TRUNC)
 _SOL_SOCKET = int(socket.SOL_SOCKET)
 _SCM_RIGHTS = int(socket.SCM_RIGHTS)
 
@@ -222,10 +223,14 @@ class Receiver:
 
     _ANC_SIZE = socket.CMSG_SPACE(MAX_FDS * array.array("i").itemsize)
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, *, takes_fds: bool = True) -> None:
         self._sock = sock
         self._buf = bytearray(MAX_MESSAGE_BYTES)
         self._view = memoryview(self._buf)
+        # The parent's side never receives fds (the child sends none): it reads with
+        # plain recv_into, cheaper per op than recvmsg_into and its ancillary data.
+        # Any fd that did arrive would be closed by the kernel, not leaked.
+        self._takes_fds = takes_fds
 
     def recv(self, flags: int = 0) -> tuple[Message, memoryview, list[int]]:
         """One message, its payload (raw bytes after the header) and its fds.
@@ -233,6 +238,14 @@ class Receiver:
         Raises EOFError when the peer is gone, BlockingIOError for
         ``flags=MSG_DONTWAIT`` with nothing to read.
         """
+        if not self._takes_fds:
+            # MSG_TRUNC: the packet's real length, so a truncated one is seen as such.
+            n = self._sock.recv_into(self._buf, 0, flags | _MSG_TRUNC)
+            if n == 0:
+                raise EOFError("peer closed the Baby PG socket")
+            if n > len(self._buf):
+                raise OSError(f"Baby PG message truncated ({n} bytes sent)")
+            return self._parse(n, [])
         n, ancdata, msg_flags, _addr = self._sock.recvmsg_into([self._buf], self._ANC_SIZE, flags)
         fds: list[int] = []
         for level, kind, data in ancdata:
@@ -246,6 +259,10 @@ class Receiver:
             if n == 0:
                 raise EOFError("peer closed the Baby PG socket")
             raise OSError(f"Baby PG message truncated (flags {msg_flags:#x}, {n} bytes read)")
+        return self._parse(n, fds)
+
+    def _parse(self, n: int, fds: list[int]) -> tuple[Message, memoryview, list[int]]:
+        """The message in the first `n` bytes of the buffer, its payload, and `fds`."""
         (length,) = _LENGTH.unpack_from(self._buf)
         start = _LENGTH.size + length
         message = _unwire(pickle.loads(self._view[_LENGTH.size : start]))

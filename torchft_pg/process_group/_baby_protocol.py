@@ -323,16 +323,23 @@ def copy_results(encoded: EncodedArgs, payload: memoryview) -> None:
     """Parent side: write the child's results (`payload`, in argument order) into
     the caller's tensors, and staged shared copies back into their originals."""
     views = encoded.views
-    expected = sum(view.nbytes for view in views)
+    expected = 0
+    for view in views:
+        expected += view.nbytes
     if expected != len(payload):
         raise ValueError(f"Baby PG result holds {len(payload)} bytes, expected {expected}")
     offset = 0
     for view in views:
-        count = view.size
-        if count:
-            src = np.frombuffer(payload, dtype=view.dtype, count=count, offset=offset)
+        nbytes = view.nbytes
+        if not nbytes:
+            continue
+        end = offset + nbytes
+        if view.flags.c_contiguous:  # the usual case: one memcpy, no numpy temporaries
+            view.data.cast("B")[:] = payload[offset:end]
+        else:
+            src = np.frombuffer(payload, dtype=view.dtype, count=view.size, offset=offset)
             np.copyto(view, src.reshape(view.shape))
-            offset += view.nbytes
+        offset = end
     for original, staged in encoded.staged:
         original.copy_(staged)
 
@@ -348,10 +355,8 @@ class ChildTensors:
         for k in keys:
             self._storages.pop(k, None)
 
-    def decode(
-        self, spec: Any, payload: memoryview, fds: list[int]
-    ) -> tuple[Any, list[np.ndarray[Any, Any]], bool]:
-        """The op's args, numpy arrays over its inline tensors (whose results go
+    def decode(self, spec: Any, payload: memoryview, fds: list[int]) -> tuple[Any, list[Any], bool]:
+        """The op's args, the buffers its inline tensors share (whose results go
         back, in order, see `result_buffers`) and whether any tensor is on CUDA.
 
         Inline bytes are copied out of `payload` (the receive buffer is reused);
@@ -406,7 +411,7 @@ class _Decoding:
         self.payload = payload
         self.fds = fds
         self.offset = 0
-        self.inline: list[np.ndarray[Any, Any]] = []
+        self.inline: list[Any] = []  # each inline tensor's memory (ndarray or bytearray)
         self.cuda = False
 
 
@@ -416,14 +421,23 @@ def _inline_tensor(spec: Any, state: _Decoding) -> torch.Tensor:
     count = math.prod(shape)
     if count == 0:
         return torch.empty(shape, dtype=wire.dtype, device="cpu")
-    data = np.frombuffer(state.payload, dtype=wire.np_dtype, count=count, offset=state.offset)
+    start = state.offset
     state.offset += count * wire.itemsize
-    array = data.reshape(shape).copy()  # a copy: the receive buffer is reused
+    if len(shape) == 1:
+        # The common case (flat buckets), about twice as fast as through numpy: a copy
+        # (the receive buffer is reused) that the tensor shares, so its results land in
+        # `data`, which is what goes back. (A .view(shape) would cost more than it saves.)
+        data = bytearray(state.payload[start : state.offset])
+        state.inline.append(data)
+        return torch.frombuffer(data, dtype=wire.dtype)
+    flat = np.frombuffer(state.payload, dtype=wire.np_dtype, count=count, offset=start)
+    array = flat.reshape(shape).copy()  # a copy: the receive buffer is reused
     state.inline.append(array)
     t = torch.from_numpy(array)  # shares `array`'s memory: results land in it
     return t if wire.as_int is None else t.view(wire.dtype)
 
 
-def result_buffers(arrays: list[np.ndarray[Any, Any]]) -> list[Any]:
-    """Child side: the inline tensors' bytes (`decode`'s arrays), in order, to send after `OpDone`."""
+def result_buffers(arrays: list[Any]) -> list[Any]:
+    """Child side: the inline tensors' bytes (`decode`'s buffers: numpy arrays or
+    bytearrays, C-contiguous), in order, to send after `OpDone`."""
     return arrays

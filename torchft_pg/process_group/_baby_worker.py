@@ -147,7 +147,7 @@ class _Reply:
     ) -> None:
         self._sock = sock
         self._op_id = op_id
-        self._inline = inline  # numpy arrays over the op's inline tensors
+        self._inline = inline  # the memory of the op's inline tensors (their results)
         self._work = work
         self._want_source = want_source
 
