@@ -156,7 +156,13 @@ class Manager:
             self._group_rank = rank if rank is not None else 0
             replica_id = replica_id or "replica"
         self._healer = Healer(
-            checkpoint_transport or HTTPTransport(timeout, advertise_host=hostname),
+            checkpoint_transport
+            or HTTPTransport(
+                timeout,
+                # TORCHFT_BIND_HOST (config) narrows where heals are served; default: everywhere
+                bind_host=(config.bind_host if config and config.bind_host else "0.0.0.0"),
+                advertise_host=hostname,
+            ),
             self._connect_manager,
             self._group_rank,
             timeout,
