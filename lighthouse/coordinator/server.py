@@ -44,6 +44,10 @@ from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import QuorumMember
 
 log = logging.getLogger("lighthouse")
+DEFAULT_MAX_TRACKED_REPLICAS = 4096  # replica ids remembered at once
+# Liveness streams open under one id at once: a manager server keeps one (two
+# briefly, while a reconnect replaces a stream the lighthouse has not yet seen close).
+MAX_STREAMS_PER_REPLICA = 4
 
 _REASON_MARGIN_S = 0.25  # a quorum wait ends this long before the caller's deadline
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
@@ -115,6 +119,11 @@ class LighthouseServer:
         tls: serve gRPC over TLS with this certificate (default: from
             ``$TORCHFT_TLS_CERT``/``$TORCHFT_TLS_KEY``, see ``lighthouse.tls``;
             neither set: plaintext). The status page stays plain HTTP.
+        max_tracked_replicas: most replica ids remembered at once (default
+            4096); a call under a new id beyond it is refused with
+            RESOURCE_EXHAUSTED and changes nothing, as is a liveness stream
+            beyond ``MAX_STREAMS_PER_REPLICA`` (4) open under one id. Both are
+            logged once per episode, not per call.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -140,12 +149,14 @@ class LighthouseServer:
         job_secret: str | None = None,
         job_id: str | None = None,
         tls: TlsConfig | None = None,
+        max_tracked_replicas: int = DEFAULT_MAX_TRACKED_REPLICAS,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
         for name, value in (
             ("min_replicas", min_replicas),
             ("quarantine_after_failures", quarantine_after_failures),
+            ("max_tracked_replicas", max_tracked_replicas),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -182,6 +193,8 @@ class LighthouseServer:
         # replica id -> the token of its owning incarnation; ids refused and logged once
         self._incarnations = Incarnations()
         self._refusals_logged: set[str] = set()
+        self._max_tracked = max_tracked_replicas
+        self._full_logged = False  # "too many replica ids" said once until there is room
         self._server: grpc.aio.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._http: StatusHTTPServer | None = None
@@ -237,6 +250,9 @@ class LighthouseServer:
                 self.core.tick()
                 for rid in self._incarnations.retain(self._knows):
                     self._refusals_logged.discard(rid)
+                if self._full_logged and self._tracked() < self._max_tracked:
+                    self._full_logged = False
+                    log.info("room for new replica ids again (%d tracked)", self._tracked())
             except Exception:
                 log.exception("lighthouse tick failed")
 
@@ -245,11 +261,39 @@ class LighthouseServer:
         or with a liveness stream open): its incarnation binding lives as long."""
         return replica_id in self.core.state.seen or replica_id in self.core.streams
 
+    def _tracked(self) -> int:
+        """Replica ids the core remembers: seen, or with a liveness stream open. O(streams)."""
+        seen = self.core.state.seen
+        return len(seen) + sum(1 for rid in self.core.streams if rid not in seen)
+
+    async def _refuse_past_capacity(
+        self, rpc: str, replica_id: str, context: grpc.aio.ServicerContext
+    ) -> None:
+        """RESOURCE_EXHAUSTED for a call under a new id once ``max_tracked_replicas``
+        are remembered: a flood of made-up ids cannot grow the lighthouse's memory."""
+        if self._knows(replica_id) or self._tracked() < self._max_tracked:
+            return
+        if not self._full_logged:
+            self._full_logged = True
+            log.warning(
+                "refusing new replica ids: %d are tracked (max_tracked_replicas); first "
+                "refused: %s from %s",
+                self._tracked(),
+                replica_id,
+                context.peer(),
+            )
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{rpc}: the lighthouse tracks at most {self._max_tracked} replica ids and has no "
+            f"room for {replica_id!r}",
+        )
+
     async def _admit(self, rpc: str, replica_id: str, context: grpc.aio.ServicerContext) -> None:
         """Refuse the call (PERMISSION_DENIED, or INVALID_ARGUMENT for a malformed
         token) unless it comes from the incarnation that owns ``replica_id``
         (``lighthouse.coordinator.incarnations``); binds an unbound id to the call's
         token. Each refused id is logged once while it stays bound."""
+        await self._refuse_past_capacity(rpc, replica_id, context)
         token = auth.incarnation_of(context.invocation_metadata())
         try:
             reason = self._incarnations.admit(replica_id, token, self._knows(replica_id))
@@ -427,6 +471,19 @@ class LighthouseServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
         # Checked once per stream: its pings (a leaving one too) must keep this id.
         await self._admit("Liveness", rid, context)
+        if len(self.core.streams.get(rid, ())) >= MAX_STREAMS_PER_REPLICA:
+            if rid not in self._refusals_logged:
+                self._refusals_logged.add(rid)
+                log.warning(
+                    "refused a liveness stream for %s from %s: %d are open under that id",
+                    rid,
+                    context.peer(),
+                    MAX_STREAMS_PER_REPLICA,
+                )
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Liveness: {MAX_STREAMS_PER_REPLICA} streams are already open under {rid!r}",
+            )
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.core.stream_opened(rid, queue)
         loop = asyncio.get_running_loop()

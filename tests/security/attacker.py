@@ -15,12 +15,17 @@ Attacks:
   ``--replica-id``, with ``--secret`` (if given) as the job secret.
 - ``vote``: a commit vote of group rank 1 for ``--step`` on the manager server
   at ``--addr``.
+- ``flood``: heartbeats under ``--count`` made-up ids (``--replica-id`` + a
+  number), each from an incarnation of its own.
+- ``streams``: ``--count`` liveness streams under ``--replica-id``, one incarnation,
+  all opened at once and held until every one is answered or refused.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from functools import partial
@@ -98,13 +103,54 @@ def vote(addr: str, secret: str | None, step: int) -> list[str]:
     return [_outcome(lambda: client.should_commit(1, step, True, T))]
 
 
+def flood(addr: str, prefix: str, secret: str | None, count: int) -> list[str]:
+    """Heartbeats under ``count`` new ids, as many made-up replicas would send."""
+    out = []
+    for i in range(count):
+        client = LighthouseClient(addr, T, job_secret=secret, incarnation=auth.new_incarnation())
+        out.append(_outcome(partial(client.heartbeat, f"{prefix}{i}", T)))
+        client.close()
+    return out
+
+
+def streams(addr: str, rid: str, secret: str | None, count: int) -> list[str]:
+    """``count`` liveness streams under one id at once: each pings and stays open until
+    every one has the lighthouse's first answer (its ack: "accepted") or a refusal."""
+    channel = auth.sync_channel(
+        normalize_address(addr), CHANNEL_OPTIONS, secret, incarnation=auth.new_incarnation()
+    )
+    done = threading.Event()
+
+    def pings() -> Iterator[bytes]:
+        yield wire.encode_liveness_ping(rid)
+        done.wait(T.total_seconds())  # hold the stream open
+
+    calls = [
+        stub(channel, services.LIGHTHOUSE_LIVENESS)(pings(), timeout=T.total_seconds())
+        for _ in range(count)
+    ]
+    out = []
+    for call in calls:
+        try:
+            next(call)
+            out.append("accepted")
+        except grpc.RpcError as exc:
+            out.append(f"{exc.code().name}: {exc.details()}")
+    done.set()
+    for call in calls:
+        call.cancel()
+    channel.close()
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.security.attacker")
-    p.add_argument("attack", choices=["quorum", "liveness", "ghost", "vote"])
+    p.add_argument("attack", choices=["quorum", "liveness", "ghost", "vote", "flood", "streams"])
     p.add_argument("--addr", required=True)
     p.add_argument("--replica-id", default="")
     p.add_argument("--secret", default=None)
     p.add_argument("--step", type=int, default=0)
+    p.add_argument("--count", type=int, default=1)
     a = p.parse_args()
     if a.attack == "quorum":
         outcomes = quorum(a.addr, a.replica_id, a.secret, a.step)
@@ -112,6 +158,10 @@ def main() -> None:
         outcomes = liveness(a.addr, a.replica_id, a.secret)
     elif a.attack == "ghost":
         outcomes = ghost(a.addr, a.replica_id, a.secret, a.step)
+    elif a.attack == "flood":
+        outcomes = flood(a.addr, a.replica_id, a.secret, a.count)
+    elif a.attack == "streams":
+        outcomes = streams(a.addr, a.replica_id, a.secret, a.count)
     else:
         outcomes = vote(a.addr, a.secret, a.step)
     print(json.dumps({"outcomes": outcomes}), flush=True)

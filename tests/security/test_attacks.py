@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,7 @@ from lighthouse import (
     ManagerServer,
     QuorumResult,
 )
+from lighthouse.coordinator.server import MAX_STREAMS_PER_REPLICA
 from tests.integration.lh_fixtures import ROOT, lighthouse, quorum_request
 from tests.integration.test_lh_manager import in_threads
 
@@ -129,10 +131,11 @@ class Job:
 
 
 @contextmanager
-def training_job(world_size: int = 1) -> Iterator[Job]:
-    """A lighthouse (job secret, no leases: every step asks it) and two replica groups."""
+def training_job(world_size: int = 1, **lighthouse_kw: Any) -> Iterator[Job]:
+    """A lighthouse (job secret, no leases: every step asks it; ``lighthouse_kw``
+    sets more) and two replica groups."""
     with (
-        lighthouse(min_replicas=2, job_secret=SECRET, quorum_lease=False) as lh,
+        lighthouse(min_replicas=2, job_secret=SECRET, quorum_lease=False, **lighthouse_kw) as lh,
         ExitStack() as stack,
     ):
         servers = []
@@ -253,3 +256,35 @@ def test_a_replica_far_ahead_of_the_committed_step_is_explained_in_one_log_line(
     lines = [r.getMessage() for r in caplog.records if "far above" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "far-ahead" in lines[0] and "1000" in lines[0] and "committed step 5" in lines[0]
+
+
+def test_a_flood_of_made_up_ids_is_refused_past_the_limit_and_training_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with training_job(max_tracked_replicas=6) as job, caplog.at_level(logging.WARNING):
+        job.train(0, 2)
+        outcomes = attack(
+            "flood", "--addr", job.lh.address(), "--replica-id", "made-up-",
+            "--secret", SECRET, "--count", "10",
+        )  # fmt: skip
+        assert outcomes[:4] == ["accepted"] * 4, outcomes  # the two members + 4 = 6
+        for o in outcomes[4:]:
+            assert "RESOURCE_EXHAUSTED" in o and "at most 6 replica ids" in o, o
+        job.train(2, 4)  # the members, already tracked, go on
+        assert job.notices == []
+        said = [r for r in caplog.records if "refusing new replica ids" in r.getMessage()]
+        assert len(said) == 1, [r.getMessage() for r in said]  # one line, not one per call
+
+
+def test_liveness_streams_past_the_limit_under_one_id_are_refused() -> None:
+    with training_job() as job:
+        outcomes = attack(
+            "streams", "--addr", job.lh.address(), "--replica-id", "extra:0123abcd",
+            "--secret", SECRET, "--count", str(MAX_STREAMS_PER_REPLICA + 2),
+        )  # fmt: skip
+        refused = [o for o in outcomes if o != "accepted"]
+        assert outcomes.count("accepted") == MAX_STREAMS_PER_REPLICA, outcomes
+        for o in refused:
+            assert "RESOURCE_EXHAUSTED" in o and "streams are already open" in o, o
+        job.train(0, 2)
+        assert job.notices == []
