@@ -67,6 +67,28 @@ def test_lighthouse_restart_resumes_without_reusing_quorum_ids() -> None:
     assert len(epochs) == 2  # one epoch before the restart, a new one after, never back
 
 
+def test_the_plan_passes_with_the_job_secret_required_everywhere() -> None:
+    """Kills, heals and a lighthouse restart with every call and heal checked
+    against the job secret, which every process of the run presents."""
+    plan = FaultPlan(
+        {(1, 4): Fault.KILL_REPLICA, (0, 9): Fault.RESTART_LIGHTHOUSE, (2, 13): Fault.KILL_REPLICA}
+    )
+    report = run_chaos(
+        ChaosConfig(
+            replicas=3,
+            steps=20,
+            plan=plan,
+            job_secret="chaos-run-secret-0123456789",
+            deadline_s=180,
+            verbose=False,
+        )
+    )
+    _check(report)
+    assert report.kills == 2 and report.lighthouse_restarts == 1
+    # each restarted group healed over the secret-checked HTTP server before its first commit
+    assert len([s for s in report.join_heal_s if s > 0]) == 2, report.join_heal_s
+
+
 def test_failed_allreduce_and_delayed_replica_are_discarded_then_healed() -> None:
     plan = FaultPlan({(1, 3): Fault.FAIL_ALLREDUCE, (2, 7): Fault.DELAY})
     report = run_chaos(ChaosConfig(replicas=3, steps=12, plan=plan, deadline_s=120, verbose=False))
@@ -236,7 +258,8 @@ def test_a_multi_rank_group_whose_heal_fails_on_one_rank_votes_no() -> None:
 @pytest.mark.timeout(1900)  # the run's own deadline is 1800 s (the default 300 s is for CI tests)
 def test_soak_one_hundred_kills() -> None:
     """100 kills and 40 other faults of every kind (phase kills, heal kills, freezes,
-    lighthouse restarts, ...), on every replica, 10 of them overlapping."""
+    lighthouse restarts, ...), on every replica, 10 of them overlapping; the job
+    secret is required of every call and heal, as a closed job runs."""
     plan = FaultPlan.random(
         seed=2026,
         replicas=4,
@@ -255,6 +278,7 @@ def test_soak_one_hundred_kills() -> None:
             plan=plan,
             heartbeat_timeout_ms=2000,
             deadline_s=1800,
+            job_secret="soak-run-secret-0123456789",
             verbose=False,
         )
     )

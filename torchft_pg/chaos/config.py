@@ -41,6 +41,9 @@ class ChaosConfig:
     # the oracle is the DiLoCo replay (`diloco_oracle`). Single-rank groups only.
     algorithm: Algorithm = Algorithm.DDP
     diloco: DiLoCoSettings = field(default_factory=DiLoCoSettings)
+    # The job secret every process of the run presents (None: an open job); the
+    # lighthouse then refuses every call without it.
+    job_secret: str | None = None
     verbose: bool = True
     log_level: int = logging.WARNING  # the replicas' logging (INFO shows every quorum and heal)
 

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch.distributed import TCPStore
 
+from lighthouse import auth
 from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
 from torchft_pg.chaos.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
 from torchft_pg.chaos.exact_sum import ExactSumProcessGroup
@@ -68,6 +69,7 @@ class TrainerConfig:
     finish_at: int | None = None  # the supervisor's `Finish`, if it was already sent
     algorithm: Algorithm = Algorithm.DDP  # DILOCO: steps are DiLoCo's outer syncs
     diloco: DiLoCoSettings = field(default_factory=DiLoCoSettings)
+    job_secret: str | None = None  # exported as TORCHFT_JOB_SECRET, as a launcher would
 
 
 class Events(Protocol):
@@ -127,6 +129,8 @@ class RankHarness:
             "incarnation": config.incarnation,
         }
         timeout = timedelta(seconds=config.timeout_s)
+        if config.job_secret is not None:  # every server and client below reads it
+            os.environ[auth.SECRET_ENV] = config.job_secret
         self.manager: FaultInjectingManager | None = None
         self.injector = Injector(self._announce)
         self.inner_pg: ProcessGroup = (

@@ -130,6 +130,7 @@ class _Run:
             join_timeout_ms=self.c.join_timeout_ms,
             heartbeat_timeout_ms=self.c.heartbeat_timeout_ms,
             state_file=os.path.join(self.state_dir, "lighthouse.state.json"),
+            job_secret=self.c.job_secret,
         )
 
     def t(self) -> float:
@@ -174,6 +175,7 @@ class _Run:
                 log_level=self.c.log_level,
                 algorithm=self.c.algorithm,
                 diloco=self.c.diloco,
+                job_secret=self.c.job_secret,
             )
             proc = _CTX.Process(
                 target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
