@@ -158,6 +158,9 @@ def test_a_source_managers_commit_does_not_wait_for_a_slow_healer(
         manager.start_quorum()
         manager.wait_quorum()  # serving step 0 now
         assert manager.errored() is None
+        # The source serves only the healers its quorum named: replica rank 1 of it.
+        epoch, quorum_id = manager.quorum_id()
+        healer.set_quorum(f"{epoch}/{quorum_id}", 1)
         with slow.threads(2) as pool:
             got = pool.submit(healer.recv_checkpoint, 0, source.metadata(), 0, LONG)
             assert slow.started.wait(PROMPT_S)
