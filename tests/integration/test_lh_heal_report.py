@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from datetime import timedelta
 from typing import Any
 
 import pytest
-import torch
 
 from tests.integration.lh_fixtures import lighthouse
 from tests.multiproc import RankContext, run_ranks
+from tests.security.healing_job import HealingRun, healing_replica
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,52 +29,19 @@ OVERHEAD_BOUND = 4096
 
 
 def _replica(ctx: RankContext) -> dict[str, Any]:
-    """Replica group ``ctx.rank``; replica 1 joins once replica 0 committed step 2,
-    with other weights, so it heals them away. ``ctx.args`` = (lighthouse address,)."""
-    from torch.distributed import TCPStore
-
-    from torchft_pg import Manager, ProcessGroupGloo
-
+    """Replica group ``ctx.rank`` with a 4 MiB state; replica 1 joins once replica 0
+    committed step 2 and heals. It goes on a few steps after both took part, so the
+    healer's report has been sent. ``ctx.args`` = (lighthouse address,)."""
     (lighthouse_addr,) = ctx.args
-    weight = torch.full((STATE_ELEMENTS,), float(ctx.rank * 100))
-
-    def load(sd: dict[str, torch.Tensor]) -> None:
-        weight.copy_(sd["w"])
-
-    if ctx.rank == 1:
-        ctx.store.wait(["replica0/at-step-2"])
-    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=10)),
-        load_state_dict=load,
-        state_dict=lambda: {"w": weight},
-        min_replica_size=1,
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
+    run = HealingRun(
         lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{ctx.rank}",
+        env={},
         hostname="127.0.0.1",
-        timeout=timedelta(seconds=10),
+        elements=STATE_ELEMENTS,
+        min_step=8,
+        together=3,
     )
-    participants: list[int] = []
-    try:
-        for _ in range(200):  # bounded: replica 0 may step alone a while first
-            # a few steps after both took part, so the healer's report has been sent
-            if manager.current_step() >= 8 and participants.count(2) >= 3:
-                break
-            manager.start_quorum()
-            grad = torch.ones(4)
-            manager.allreduce(grad).wait()
-            if manager.should_commit():
-                weight[:4].add_(grad)
-            participants.append(manager.num_participants())
-            if ctx.rank == 0 and manager.current_step() == 2:
-                ctx.store.set("replica0/at-step-2", "1")
-        return {"replica_id": manager.replica_id, "w0": weight[0].item()}
-    finally:
-        manager.shutdown()
+    return healing_replica(ctx, run)
 
 
 def _get(url: str) -> bytes:
