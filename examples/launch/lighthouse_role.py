@@ -76,13 +76,18 @@ class IdleWatch:
         self._joined = False
         self._idle_since_s: float | None = None
 
-    def observe(self, *, now_s: float, live_count: int | None) -> Verdict:
+    def observe(self, *, now_s: float, live_count: int | None, quorums_issued: int = 0) -> Verdict:
         """``live_count`` None: the status page could not be read, which says nothing
-        about the replicas, so it neither starts nor ends an idle stretch."""
+        about the replicas, so it neither starts nor ends an idle stretch.
+        ``quorums_issued`` > 0 also proves groups joined: a short job may join, train
+        and leave between two looks, and must not leave the lighthouse waiting for
+        a first join forever."""
         if live_count is not None and live_count > 0:
             self._joined = True
             self._idle_since_s = None
             return Verdict.KEEP_SERVING
+        if quorums_issued > 0:
+            self._joined = True
         if not self._joined:
             waited = now_s - self._started_s
             if self._rule.first_join_timeout_s and waited >= self._rule.first_join_timeout_s:
@@ -113,16 +118,30 @@ def status_url(http_bind: str) -> str:
     return f"http://{host}:{port}/status"
 
 
-def read_live_count(url: str, timeout_s: float) -> int | None:
-    """The lighthouse's ``live_count``, or None if ``url`` did not answer within
-    ``timeout_s`` seconds with a status document."""
+@dataclass(frozen=True, kw_only=True)
+class StatusReading:
+    """What one look at ``/status`` says: replicas live now (None: unreadable) and
+    quorums issued so far."""
+
+    live_count: int | None
+    quorums_issued: int = 0
+
+
+def read_status(url: str, timeout_s: float) -> StatusReading:
+    """The lighthouse's ``live_count`` and ``quorums_issued``; an unreadable reading
+    if ``url`` did not answer within ``timeout_s`` seconds with a status document."""
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as reply:
             body = json.loads(reply.read())
     except (OSError, urllib.error.URLError, ValueError):
-        return None
-    count = body.get("live_count") if isinstance(body, dict) else None
-    return count if isinstance(count, int) else None
+        return StatusReading(live_count=None)
+    if not isinstance(body, dict):
+        return StatusReading(live_count=None)
+    count, issued = body.get("live_count"), body.get("quorums_issued")
+    return StatusReading(
+        live_count=count if isinstance(count, int) else None,
+        quorums_issued=issued if isinstance(issued, int) else 0,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,8 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     watch = IdleWatch(rule, time.monotonic())
     verdict = Verdict.KEEP_SERVING
     while child.poll() is None and not stop.is_set():
-        live = read_live_count(url, timeout_s=min(2.0, args.poll_interval_s * 2))
-        verdict = watch.observe(now_s=time.monotonic(), live_count=live)
+        seen = read_status(url, timeout_s=min(2.0, args.poll_interval_s * 2))
+        verdict = watch.observe(
+            now_s=time.monotonic(), live_count=seen.live_count, quorums_issued=seen.quorums_issued
+        )
         if verdict is not Verdict.KEEP_SERVING:
             break
         stop.wait(args.poll_interval_s)

@@ -91,10 +91,17 @@ if command and command[0] == "torchft-pg-lighthouse":
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     record(entry)
+    open(os.path.join(log, "lighthouse-up"), "w").close()  # groups may now "connect"
     entry["stopped_by_sigterm"] = stopped.wait(60)
     record({**entry, "phase": "end"})
     sys.exit(0 if entry["stopped_by_sigterm"] else 1)
 entry["secret_file"] = secret_file_facts(env["TORCHFT_JOB_SECRET_FILE"])
+# A real group reaches the lighthouse before it trains: wait until the fake one is up
+# (its SIGTERM handler set), so the script cannot stop it before it even started.
+for _ in range(3000):
+    if os.path.exists(os.path.join(log, "lighthouse-up")):
+        break
+    threading.Event().wait(0.01)
 group = export.get("REPLICA_GROUP_ID")
 marker = os.path.join(log, f"failed-once-{group}")
 if group == os.environ.get("FAKE_FAIL_ONCE_GROUP") and not os.path.exists(marker):
@@ -512,6 +519,15 @@ def test_idle_watch_waits_for_a_join_then_for_a_quiet_stretch() -> None:
     assert watch.observe(now_s=1012, live_count=0) is Verdict.KEEP_SERVING  # idle from 1012
     assert watch.observe(now_s=1021.9, live_count=0) is Verdict.KEEP_SERVING
     assert watch.observe(now_s=1022, live_count=0) is Verdict.JOB_DONE
+
+
+def test_a_job_that_joined_and_left_between_two_looks_is_done_after_the_idle_time() -> None:
+    """Seen in the torchx test: both groups trained 5 steps and left within 0.6 s, between
+    two 1 s polls; live_count was never seen above 0, but a quorum was issued."""
+    watch = IdleWatch(IdleRule(exit_when_idle_s=1, first_join_timeout_s=0), started_s=0)
+    assert watch.observe(now_s=10, live_count=0) is Verdict.KEEP_SERVING  # nobody yet
+    assert watch.observe(now_s=11, live_count=0, quorums_issued=1) is Verdict.KEEP_SERVING
+    assert watch.observe(now_s=12, live_count=0, quorums_issued=1) is Verdict.JOB_DONE
 
 
 def test_idle_watch_gives_up_when_nobody_joins() -> None:
