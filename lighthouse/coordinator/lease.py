@@ -12,7 +12,12 @@ on the holders' liveness streams, when:
   a holder already in a leased step at or above the member's step would wait
   for it forever: the recall tells such a holder to fail that step now;
 - a holder stalls: another holder's leased step has been ahead of it for the
-  join timeout (the holders ahead are stuck in collectives waiting for it);
+  join timeout or ``STALL_ROUNDS`` rounds' length, whichever is longer (the
+  holders ahead are stuck in collectives waiting for it). The round length is
+  the time between the last two rises of the holders' top step: on slow links a
+  holder normally starts a round a few hundred ms after the fastest, and a
+  threshold of a 300 ms join timeout alone failed a leased step nearly every
+  round there (50 ms delay, 1% loss), so that three replicas never met again;
 - a holder leaves cleanly (a death is told by the failure notice instead):
   the others may still finish their leased rounds below the step the leaver
   committed through (``valid_below_step``), so a replica that finishes first
@@ -33,6 +38,8 @@ from __future__ import annotations
 
 from lighthouse.types import LeaseFloor, LeaseRecall, Quorum, QuorumMember
 
+STALL_ROUNDS = 3.0  # a holder behind for this many rounds' length (and the join timeout) stalls
+
 
 class QuorumLease:
     """The one outstanding lease (or none: ``lease_id`` 0). Times in seconds."""
@@ -45,6 +52,7 @@ class QuorumLease:
         self._top = 0  # the highest step a holder reported
         self._top_since = 0.0  # when a holder first reported it
         self.floor = 0  # the lowest step a holder reported (last sent in a LeaseFloor)
+        self.round_s = 0.0  # seconds between the last two rises of _top (0: not seen yet)
         self._sent: tuple[int, tuple[str, ...], int, int] | None = None
 
     def grant(self, lease_id: int, quorum: Quorum, now: float) -> None:
@@ -56,6 +64,7 @@ class QuorumLease:
         self._top = max(self.holders.values(), default=0)
         self._top_since = now
         self.floor = min(self.holders.values(), default=0)
+        self.round_s = 0.0
         self._sent = None
 
     def clear(self) -> None:
@@ -75,6 +84,8 @@ class QuorumLease:
             return None
         self.holders[replica_id] = step
         if step > self._top:
+            if step == self._top + 1 and now > self._top_since:
+                self.round_s = now - self._top_since
             self._top, self._top_since = step, now
         if old == self.floor:  # it may have been the slowest
             return self._raise_floor()
@@ -100,8 +111,10 @@ class QuorumLease:
         return self._once(epoch, tuple(sorted(rid for _, rid in absent)), abort_from)
 
     def recall_for_stall(self, epoch: str, now: float, join_timeout_s: float) -> LeaseRecall | None:
-        """A recall if a holder has been behind another for ``join_timeout_s`` seconds."""
-        if not self.holders or now - self._top_since < join_timeout_s:
+        """A recall if a holder has been behind another for ``join_timeout_s`` seconds
+        and ``STALL_ROUNDS`` rounds' length (``round_s``), whichever is longer."""
+        patience_s = max(join_timeout_s, STALL_ROUNDS * self.round_s)
+        if not self.holders or now - self._top_since < patience_s:
             return None
         behind = tuple(sorted(rid for rid, step in self.holders.items() if step < self._top))
         if not behind:
