@@ -163,9 +163,14 @@ class Healer:
         self._pending: dict[str, Any] | None = None  # received user state, not yet applied
         self.last_received: HealReport | None = None  # what the latest receive moved
 
+    def _name_quorum(self, result: QuorumResult) -> None:
+        """Tell the transport which quorum this heal belongs to and this replica's rank
+        in it, so a source serves only the healers that quorum named."""
+        self.transport.set_quorum(f"{result.epoch}/{result.quorum_id}", result.replica_rank)
+
     def send(self, result: QuorumResult, counters: dict[str, int]) -> None:
         """Serve this replica's state at `result.max_step` to the replicas healing from it."""
-        self.transport.set_quorum(f"{result.epoch}/{result.quorum_id}", result.replica_rank)
+        self._name_quorum(result)
         with self.reads.reading(self._timeout.total_seconds()):
             self.transport.send_checkpoint(
                 result.recover_dst_replica_ranks,
@@ -188,7 +193,7 @@ class Healer:
         )
         if result.recover_src_replica_rank is None:
             raise RecoveryError(f"the quorum names no heal source for step {result.max_step}")
-        self.transport.set_quorum(f"{result.epoch}/{result.quorum_id}", result.replica_rank)
+        self._name_quorum(result)
         payload = self.transport.recv_checkpoint(
             result.recover_src_replica_rank, metadata, result.max_step, self._timeout
         )

@@ -248,8 +248,11 @@ class LighthouseServer:
             await asyncio.sleep(self._tick_s)
             try:
                 self.core.tick()
-                for rid in self._incarnations.retain(self._knows):
-                    self._refusals_logged.discard(rid)
+                self._incarnations.retain(self._knows)
+                # One rule for every "logged once per id" refusal (a token, a stream
+                # too many): forgotten ids may be logged again, and the set stays small.
+                if self._refusals_logged:
+                    self._refusals_logged = {r for r in self._refusals_logged if self._knows(r)}
                 if self._full_logged and self._tracked() < self._max_tracked:
                     self._full_logged = False
                     log.info("room for new replica ids again (%d tracked)", self._tracked())
