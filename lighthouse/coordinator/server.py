@@ -6,10 +6,9 @@ process-wide background loop; every handler is a few lines that decode,
 validate, call the core and encode.
 
 Every call under a replica id (quorum requests, heartbeats, liveness streams
-with their leaving pings) is first checked against the id's incarnation
-token (``lighthouse.coordinator.incarnations``): a call from another
-incarnation than the one that owns the id is refused with PERMISSION_DENIED
-before it changes anything.
+with their leaving pings) first passes ``lighthouse.coordinator.admission``
+(capacity, the id's incarnation token, streams per id): a refused call
+changes nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +26,14 @@ from lighthouse import auth, services, validate, wire
 from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
+from lighthouse.coordinator.admission import (
+    DEFAULT_MAX_TRACKED_REPLICAS,
+    MAX_STREAMS_PER_REPLICA,
+    Admission,
+    Refusal,
+    step_jump,
+)
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
-from lighthouse.coordinator.incarnations import Incarnations
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -41,13 +46,17 @@ from lighthouse.coordinator.quorum import (
 )
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
 from lighthouse.tls import TlsConfig, resolve_tls
-from lighthouse.types import QuorumMember
+
+__all__ = ["DEFAULT_MAX_TRACKED_REPLICAS", "MAX_STREAMS_PER_REPLICA", "LighthouseServer"]
 
 log = logging.getLogger("lighthouse")
-DEFAULT_MAX_TRACKED_REPLICAS = 4096  # replica ids remembered at once
-# Liveness streams open under one id at once: a manager server keeps one (two
-# briefly, while a reconnect replaces a stream the lighthouse has not yet seen close).
-MAX_STREAMS_PER_REPLICA = 4
+# How the server answers each kind of refusal (see ``admission.Refusal``).
+_REFUSAL_CODES = {
+    "capacity": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "streams": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "incarnation": grpc.StatusCode.PERMISSION_DENIED,
+    "malformed": grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 _REASON_MARGIN_S = 0.25  # a quorum wait ends this long before the caller's deadline
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
@@ -190,11 +199,9 @@ class LighthouseServer:
         self.core = LighthouseCore(
             self.config, clock or MonotonicClock(), self.epoch, self.metrics, job_state
         )
-        # replica id -> the token of its owning incarnation; ids refused and logged once
-        self._incarnations = Incarnations()
-        self._refusals_logged: set[str] = set()
-        self._max_tracked = max_tracked_replicas
-        self._full_logged = False  # "too many replica ids" said once until there is room
+        self._admission = Admission(
+            max_tracked=max_tracked_replicas, knows=self._knows, tracked=self._tracked
+        )
         self._server: grpc.aio.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._http: StatusHTTPServer | None = None
@@ -248,14 +255,9 @@ class LighthouseServer:
             await asyncio.sleep(self._tick_s)
             try:
                 self.core.tick()
-                self._incarnations.retain(self._knows)
-                # One rule for every "logged once per id" refusal (a token, a stream
-                # too many): forgotten ids may be logged again, and the set stays small.
-                if self._refusals_logged:
-                    self._refusals_logged = {r for r in self._refusals_logged if self._knows(r)}
-                if self._full_logged and self._tracked() < self._max_tracked:
-                    self._full_logged = False
-                    log.info("room for new replica ids again (%d tracked)", self._tracked())
+                room = self._admission.tick()
+                if room is not None:
+                    log.info("%s", room)
             except Exception:
                 log.exception("lighthouse tick failed")
 
@@ -269,65 +271,19 @@ class LighthouseServer:
         seen = self.core.state.seen
         return len(seen) + sum(1 for rid in self.core.streams if rid not in seen)
 
-    async def _refuse_past_capacity(
-        self, rpc: str, replica_id: str, context: grpc.aio.ServicerContext
-    ) -> None:
-        """RESOURCE_EXHAUSTED for a call under a new id once ``max_tracked_replicas``
-        are remembered: a flood of made-up ids cannot grow the lighthouse's memory."""
-        if self._knows(replica_id) or self._tracked() < self._max_tracked:
-            return
-        if not self._full_logged:
-            self._full_logged = True
-            log.warning(
-                "refusing new replica ids: %d are tracked (max_tracked_replicas); first "
-                "refused: %s from %s",
-                self._tracked(),
-                replica_id,
-                context.peer(),
-            )
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"{rpc}: the lighthouse tracks at most {self._max_tracked} replica ids and has no "
-            f"room for {replica_id!r}",
-        )
-
     async def _admit(self, rpc: str, replica_id: str, context: grpc.aio.ServicerContext) -> None:
-        """Refuse the call (PERMISSION_DENIED, or INVALID_ARGUMENT for a malformed
-        token) unless it comes from the incarnation that owns ``replica_id``
-        (``lighthouse.coordinator.incarnations``); binds an unbound id to the call's
-        token. Each refused id is logged once while it stays bound."""
-        await self._refuse_past_capacity(rpc, replica_id, context)
+        """Abort the call unless ``lighthouse.coordinator.admission`` lets it in."""
         token = auth.incarnation_of(context.invocation_metadata())
-        try:
-            reason = self._incarnations.admit(replica_id, token, self._knows(replica_id))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
-        if reason is None:
+        await self._refuse(self._admission.admit(rpc, replica_id, token, context.peer()), context)
+
+    @staticmethod
+    async def _refuse(refusal: Refusal | None, context: grpc.aio.ServicerContext) -> None:
+        """Log ``refusal`` (once per episode) and abort the call with its status."""
+        if refusal is None:
             return
-        if replica_id not in self._refusals_logged:
-            self._refusals_logged.add(replica_id)
-            log.warning("refused a %s call from %s: %s", rpc, context.peer(), reason)
-        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{rpc}: {reason}")
-
-    def _note_step_jump(self, member: QuorumMember) -> None:
-        """Log one line when ``member`` asks far above the job's committed step.
-
-        "Far" is more than one step above it, once the step is known (a quorum
-        issued, or a committed step recorded or reported). The request itself
-        raises the committed step to its own, so its retries log nothing more.
-        """
-        committed = self.core.state.committed_step
-        known = committed > 0 or self.core.quorums_issued > 0
-        if known and member.step > committed + 1:
-            log.warning(
-                "replica %s asks for a quorum at step %d, far above the job's committed "
-                "step %d (%d steps ahead: restored from a newer checkpoint, or not what "
-                "it claims to be)",
-                member.replica_id,
-                member.step,
-                committed,
-                member.step - committed,
-            )
+        if refusal.log is not None:
+            log.warning("%s", refusal.log)
+        await context.abort(_REFUSAL_CODES[refusal.kind], refusal.reason)
 
     async def _stop(self) -> None:
         if self._tick_task is not None:
@@ -411,7 +367,15 @@ class LighthouseServer:
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         await self._admit(rpc, member.replica_id, context)
-        self._note_step_jump(member)
+        state = self.core.state
+        jump = step_jump(
+            member.replica_id,
+            member.step,
+            state.committed_step,
+            known=state.committed_step > 0 or self.core.quorums_issued > 0,
+        )
+        if jump is not None:
+            log.warning("%s", jump)
         fut = self.core.request(member)
         remaining = context.time_remaining()
         if timeout_ms > 0:
@@ -474,19 +438,8 @@ class LighthouseServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Liveness: {exc}")
         # Checked once per stream: its pings (a leaving one too) must keep this id.
         await self._admit("Liveness", rid, context)
-        if len(self.core.streams.get(rid, ())) >= MAX_STREAMS_PER_REPLICA:
-            if rid not in self._refusals_logged:
-                self._refusals_logged.add(rid)
-                log.warning(
-                    "refused a liveness stream for %s from %s: %d are open under that id",
-                    rid,
-                    context.peer(),
-                    MAX_STREAMS_PER_REPLICA,
-                )
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Liveness: {MAX_STREAMS_PER_REPLICA} streams are already open under {rid!r}",
-            )
+        open_streams = len(self.core.streams.get(rid, ()))
+        await self._refuse(self._admission.admit_stream(rid, open_streams, context.peer()), context)
         queue: asyncio.Queue[bytes] = asyncio.Queue()
         self.core.stream_opened(rid, queue)
         loop = asyncio.get_running_loop()
