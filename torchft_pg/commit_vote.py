@@ -98,15 +98,16 @@ class CommitVote:
             decision = False
         healed = self._round.settle_heal(decision)
         self._counters.settle(decision, participants, healed)
-        logger.info(
-            "%s %s (vote %s, %d participants, last step %.1f ms, error: %s)",
-            self._tag(),
-            "committed" if decision else "discarded",
-            vote,
-            participants,
-            self._round.step_time_ms,
-            self._errored(),
-        )
+        if logger.isEnabledFor(logging.INFO):  # the tag is built only for a line written
+            logger.info(
+                "%s %s (vote %s, %d participants, last step %.1f ms, error: %s)",
+                self._tag(),
+                "committed" if decision else "discarded",
+                vote,
+                participants,
+                self._round.step_time_ms,
+                self._errored(),
+            )
         failures = self._counters.commit_failures
         if not decision and self._max_retries is not None and failures > self._max_retries:
             raise CommitFailedError(

@@ -65,9 +65,9 @@ is cancelled and withdrawn by the server).
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from lighthouse.types import Quorum, QuorumMember
+from lighthouse.types import Quorum, QuorumMember, copy_with
 
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_JOIN_TIMEOUT_MS = 10_000
@@ -204,7 +204,7 @@ class QuorumState:
         report see it as if it had asked at that step."""
         m = self.last_member.get(replica_id)
         if m is not None and step > m.step:
-            self.last_member[replica_id] = replace(m, step=step, step_time_ms=step_time_ms)
+            self.last_member[replica_id] = copy_with(m, step=step, step_time_ms=step_time_ms)
             if step > self.committed_step:
                 self.committed_step = step
 

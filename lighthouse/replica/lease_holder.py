@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from lighthouse.replica.ranks import compute_quorum_result
-from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, Quorum, QuorumResult
+from lighthouse.types import (
+    FailureNotice,
+    LeaseFloor,
+    LeaseRecall,
+    Quorum,
+    QuorumResult,
+    copy_with,
+)
 
 
 @dataclass
@@ -262,4 +269,4 @@ def leased_result(
         base = cache[key] = compute_quorum_result(
             answer.lease.quorum, replica_id, group_rank, init_sync
         )
-    return replace(base, max_step=answer.step)
+    return copy_with(base, max_step=answer.step)

@@ -119,7 +119,7 @@ class LocalManagerClient:
         """On the server's loop: enter ``req`` into the round, as the ``Quorum`` RPC does."""
         rounds = self._rounds
         try:
-            rank = rounds.check_request(req)
+            rank = rounds.check_bounds(req)  # quorum_async validated the rest
         except ValueError as exc:
             out.set_exception(QuorumRejectedError(f"Quorum: {exc}"))
             return

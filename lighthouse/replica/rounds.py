@@ -126,6 +126,12 @@ class QuorumRounds:
     def check_request(self, req: ManagerQuorumRequest) -> int:
         """Validate one rank's quorum request; return its group rank (ValueError if bad)."""
         validate.check_manager_quorum_request(req)
+        return self.check_bounds(req)
+
+    def check_bounds(self, req: ManagerQuorumRequest) -> int:
+        """What ``check_request`` adds to ``validate.check_manager_quorum_request``
+        (for a request already through it): the group rank against this group's
+        world size and the metadata's size. Returns the group rank."""
         rank = validate.check_group_rank(req.group_rank, self.world_size)
         if len(req.checkpoint_metadata) > validate.MAX_METADATA_BYTES:
             raise ValueError(
