@@ -17,6 +17,8 @@ the per-replica-group side; the modules at the top (types, wire, validate,
 errors, clock, services, ...) are shared by both.
 """
 
+# First: gRPC reads its engine settings once, when first imported (see _grpc_env).
+from lighthouse import _grpc_env  # noqa: F401  (isort: skip)
 from lighthouse.clock import Clock, FakeClock, MonotonicClock
 from lighthouse.coordinator.client import LighthouseClient
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
