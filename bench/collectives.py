@@ -3,7 +3,9 @@
 Two processes on 127.0.0.1 run allreduce at 4 KiB, 256 KiB, 4 MiB and 64 MiB,
 alternating the three variants round by round so machine noise hits all of
 them alike; then `configure` latency over repeated reconfigurations at world
-sizes 2 and 4. Prints a table and, last, one JSON line with ratios to raw Gloo
+sizes 2 and 4, each after the previous backend's teardown (as a job, which
+reconfigures seconds apart, sees it) and back to back (a storm, where the
+bounded teardown queue makes configures wait). Prints a table and, last, one JSON line with ratios to raw Gloo
 measured in the same run.
 
     .venv/bin/python bench/collectives.py [--quick]
@@ -111,8 +113,9 @@ def _op_cost(ctx: RankContext) -> dict[str, float]:
 
 def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
     from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+    from torchft_pg.process_group import _reaper
 
-    kind, count = ctx.args
+    kind, count, storm = ctx.args
     pg: Any = (
         ProcessGroupGloo(timeout=timedelta(seconds=30))
         if kind == "gloo"
@@ -123,6 +126,8 @@ def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
     pg.configure(ctx.addr(f"{kind}/warm"), ctx.rank, ctx.world_size)  # first: child start-up
     times = []
     for i in range(count):
+        if not storm:  # a job reconfigures seconds apart: the last teardown is done
+            _reaper.wait_idle(30.0)
         ctx.barrier(f"cfg/{kind}/{i}")
         start = time.perf_counter()
         pg.configure(ctx.addr(f"{kind}/{i}"), ctx.rank, ctx.world_size)
@@ -178,25 +183,33 @@ def main() -> None:
     )
     report["op_cost_us"] = cost
 
-    print(f"\nconfigure latency ({reconfigs} reconfigurations each, max over ranks per configure)")
-    print(f"{'backend':>10} {'world':>5} | {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} | >1 s")
+    print(
+        f"\nconfigure latency ({reconfigs} reconfigurations each, max over ranks per configure;"
+        "\n  after: each once the previous backend's teardown is done, as in a job;"
+        "\n  storm: back to back, each also waiting for a teardown once 8 are queued)"
+    )
+    print(
+        f"{'backend':>10} {'world':>5} {'mode':>6} | {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} | >1 s"
+    )
     report["configure"] = {}
-    for kind in ("gloo", "baby"):
-        for world in (2, 4):
-            per_rank = run_ranks(_configure_latency, world, kind, reconfigs, timeout=600)
-            worst = [max(r["times"][i] for r in per_rank) for i in range(reconfigs)]
-            worst_sorted = sorted(worst)
-            p50 = statistics.median(worst) * 1e3
-            p90 = worst_sorted[int(0.9 * (len(worst) - 1))] * 1e3
-            mx = worst_sorted[-1] * 1e3
-            slow = sum(1 for w in worst if w > 1.0)
-            print(f"{kind:>10} {world:>5} | {p50:8.2f} {p90:8.2f} {mx:8.2f} | {slow}")
-            report["configure"][f"{kind}_ws{world}"] = {
-                "p50_ms": p50,
-                "p90_ms": p90,
-                "max_ms": mx,
-                "over_1s": slow,
-            }
+    for kind, world, storm in [
+        (k, w, st) for k in ("gloo", "baby") for w in (2, 4) for st in (False, True)
+    ]:
+        per_rank = run_ranks(_configure_latency, world, kind, reconfigs, storm, timeout=600)
+        worst = [max(r["times"][i] for r in per_rank) for i in range(reconfigs)]
+        worst_sorted = sorted(worst)
+        p50 = statistics.median(worst) * 1e3
+        p90 = worst_sorted[int(0.9 * (len(worst) - 1))] * 1e3
+        mx = worst_sorted[-1] * 1e3
+        slow = sum(1 for w in worst if w > 1.0)
+        mode = "storm" if storm else "after"
+        print(f"{kind:>10} {world:>5} {mode:>6} | {p50:8.2f} {p90:8.2f} {mx:8.2f} | {slow}")
+        report["configure"][f"{kind}_ws{world}" + ("_storm" if storm else "")] = {
+            "p50_ms": p50,
+            "p90_ms": p90,
+            "max_ms": mx,
+            "over_1s": slow,
+        }
 
     small = report["allreduce"]["4KiB"]
     report["targets"] = {

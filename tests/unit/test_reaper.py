@@ -74,3 +74,25 @@ def test_a_retire_storm_waits_for_the_reaper_instead_of_piling_up() -> None:
     done = threading.Event()
     _reaper.retire([_Slow(done)])  # behind all of the storm's teardowns
     assert done.wait(10.0) and len(torn) == _reaper.MAX_BACKLOG + 3
+
+
+class _Gated:
+    """Torn down only once `gate` opens."""
+
+    def __init__(self, gate: threading.Event, done: threading.Event) -> None:
+        self.gate = gate
+        self.done = done
+
+    def __del__(self) -> None:
+        self.gate.wait(10.0)
+        self.done.set()
+
+
+def test_wait_idle_returns_once_every_retired_object_is_torn_down() -> None:
+    gate, done = threading.Event(), threading.Event()
+    _reaper.retire([_Gated(gate, done)])
+    assert not _reaper.wait_idle(0.05)  # the teardown is still blocked
+    gate.set()
+    assert _reaper.wait_idle(5.0)
+    assert done.is_set()
+    assert _reaper.wait_idle(0.0)  # idle: at once, and every slot is given back

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import queue
 import threading
+import time
 from typing import Any
 
 _queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -35,6 +36,26 @@ def _run() -> None:
         item = holder.pop()  # now the only reference is this local
         del item, holder
         _backlog.release()
+
+
+def wait_idle(timeout_s: float) -> bool:
+    """Wait up to `timeout_s` seconds until every retired backend is torn down.
+
+    True if the reaper is idle. Meanwhile a `retire` in another thread waits
+    too. For benchmarks and tests that must time a `configure` without the
+    teardowns an earlier one queued (a job reconfigures seconds apart).
+    """
+    deadline = time.monotonic() + timeout_s
+    taken = 0
+    try:
+        while taken < MAX_BACKLOG:
+            if not _backlog.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                return False
+            taken += 1
+        return True
+    finally:
+        for _ in range(taken):
+            _backlog.release()
 
 
 @atexit.register
