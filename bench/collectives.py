@@ -5,8 +5,8 @@ alternating the three variants round by round so machine noise hits all of
 them alike; then `configure` latency over repeated reconfigurations at world
 sizes 2 and 4, each after the previous backend's teardown (as a job, which
 reconfigures seconds apart, sees it) and back to back (a storm, where the
-bounded teardown queue makes configures wait). Prints a table and, last, one JSON line with ratios to raw Gloo
-measured in the same run.
+bounded teardown queue makes configures wait). Prints a table and, last, one
+JSON line with ratios to raw Gloo measured in the same run.
 
     .venv/bin/python bench/collectives.py [--quick]
 """
@@ -14,6 +14,7 @@ measured in the same run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -192,9 +193,7 @@ def main() -> None:
         f"{'backend':>10} {'world':>5} {'mode':>6} | {'p50 ms':>8} {'p90 ms':>8} {'max ms':>8} | >1 s"
     )
     report["configure"] = {}
-    for kind, world, storm in [
-        (k, w, st) for k in ("gloo", "baby") for w in (2, 4) for st in (False, True)
-    ]:
+    for kind, world, storm in itertools.product(("gloo", "baby"), (2, 4), (False, True)):
         per_rank = run_ranks(_configure_latency, world, kind, reconfigs, storm, timeout=600)
         worst = [max(r["times"][i] for r in per_rank) for i in range(reconfigs)]
         worst_sorted = sorted(worst)
