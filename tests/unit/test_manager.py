@@ -238,6 +238,27 @@ def test_an_abandoned_allreduce_that_completes_later_writes_nothing_the_caller_s
     written[0].fill_(99.0)  # the abandoned op finishes now
     pg.pending[0].set_result(written)
     assert t.tolist() == [4.0, 4.0]
+    # Nor is its buffer handed to a later op: only a completed op's is reused.
+    manager.start_quorum()
+    manager.wait_quorum()
+    manager.allreduce(torch.full((2,), 1.0))
+    assert pg.held[-1][0].data_ptr() != written[0].data_ptr()
+    manager.shutdown()
+
+
+def test_a_completed_allreduces_private_copy_is_reused_by_the_next() -> None:
+    manager, _, _, pg = make([result(world=2)])
+    manager.start_quorum()
+    pg.hold = True
+    first = torch.full((4,), 3.0)
+    manager.allreduce(first)
+    [written] = pg.held
+    pg.pending[0].set_result(written)
+    second = torch.full((4,), 7.0)
+    manager.allreduce(second)
+    reused = pg.held[-1][0]
+    assert reused.data_ptr() == written[0].data_ptr()
+    assert reused.tolist() == [7.0] * 4  # a fresh copy of the new tensor
     manager.shutdown()
 
 
