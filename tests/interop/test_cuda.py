@@ -235,3 +235,96 @@ def test_fault_tolerant_ddp_on_a_cuda_model_heals_a_late_replica() -> None:
     # with averaged gradients both hold the same parameters.
     assert r0["params"] == r1["params"], f"replica 0 {r0['trace']}\nreplica 1 {r1['trace']}"
     assert 2 in r0["participants"] and r1["participants"][-1] == 2
+
+
+DILOCO_CFG: dict[str, Any] = {
+    "fragments": 2,
+    "sync_every": 4,
+    "delay": 1,
+    "alpha": 0.25,
+    "steps": 8,
+}
+
+
+def _diloco_replica(ctx: RankContext) -> dict[str, Any]:
+    from tests.integration import test_semisync as semisync
+    from torchft_pg.local_sgd import DiLoCo
+
+    lighthouse, device_type = ctx.args
+    device = torch.device(device_type)
+    if device.type == "cuda":
+        device = torch.device("cuda", ctx.rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    cfg = DILOCO_CFG
+    model = semisync.make_model().to(device)
+    inner = semisync.make_inner(model)
+    fragments = semisync.fragments_of(model, cfg["fragments"])
+    outer = [semisync.make_outer(f.parameters()) for f in fragments]
+    manager, _store = semisync.make_manager(
+        lighthouse,
+        f"replica{ctx.rank}",
+        min_replica_size=ctx.world_size,
+        init_sync=False,
+        use_async_quorum=False,
+    )
+    try:
+        diloco = DiLoCo(
+            manager,
+            fragments,
+            inner,
+            outer,
+            sync_every=cfg["sync_every"],
+            fragment_sync_delay=cfg["delay"],
+            fragment_update_alpha=cfg["alpha"],
+        )
+        with diloco:
+            for t in range(cfg["steps"]):
+                # the replay's data for this group and step, on the GPU
+                g = torch.Generator().manual_seed(1000 * ctx.rank + t)
+                x, y = torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g)
+                inner.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+                loss.backward()
+                inner.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return {
+            "step": manager.current_step(),
+            "on_device": all(p.device == device for p in model.parameters()),
+            "params": semisync.as_lists(model.parameters()),
+            "backups": [
+                semisync.as_lists(f.original_parameters.values()) for f in diloco._fragments
+            ],
+            "momenta": [semisync.as_lists(semisync.momenta(o)) for o in outer],
+        }
+    finally:
+        manager.shutdown()
+
+
+@needs_gpu
+def test_diloco_on_a_cuda_model_matches_the_replayed_math() -> None:
+    """Streaming DiLoCo (two fragments, a sync delay, mixing) on CUDA models: the
+    pseudo-gradients are averaged over Gloo through the host, and every group
+    ends where a CPU replay of the same training ends."""
+    check_diloco_against_replay("cuda")
+
+
+def check_diloco_against_replay(device_type: str) -> None:
+    """DiLoCo on `device_type` models in 3 groups vs `replay_diloco` on the CPU
+    (`check_diloco_against_replay("cpu")` checks this check without a GPU)."""
+    from tests.integration import test_semisync as semisync
+
+    with LighthouseServer(bind="127.0.0.1:0", min_replicas=semisync.GROUPS) as lh:
+        results = run_ranks(
+            _diloco_replica, semisync.GROUPS, lh.address(), device_type, timeout=240
+        )
+    expected = semisync.replay_diloco(DILOCO_CFG)
+    for group, r in enumerate(results):
+        assert r["on_device"] and r["step"] == expected["step"]
+        for actual, want in zip(r["params"], expected["params"][group], strict=True):
+            torch.testing.assert_close(torch.tensor(actual), want, rtol=1e-4, atol=1e-5)
+        for f in range(DILOCO_CFG["fragments"]):
+            for actual, want in zip(r["backups"][f], expected["backups"][f], strict=True):
+                torch.testing.assert_close(torch.tensor(actual), want, rtol=1e-4, atol=1e-5)
+        # the global state is bit-identical on every group
+        assert (r["backups"], r["momenta"]) == (results[0]["backups"], results[0]["momenta"])
