@@ -13,6 +13,7 @@ import time
 
 import grpc
 
+from lighthouse._net import BROKEN_CALL
 from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
@@ -53,7 +54,7 @@ def error_for_status(
     if code == grpc.StatusCode.ABORTED:
         name, _, rest = details.partition(": ")
         return _FORWARDED.get(name, QuorumRejectedError)(f"{what} via {addr}: {rest or details}")
-    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+    if code not in BROKEN_CALL:
         return FaultToleranceError(f"{what} to {addr} failed: {code.name}: {details}")
     return None
 

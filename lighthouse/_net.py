@@ -16,6 +16,7 @@ import grpc
 from lighthouse import auth, services, tls, validate
 
 __all__ = [
+    "BROKEN_CALL",
     "CHANNEL_OPTIONS",
     "advertised_host",
     "bind_server",
@@ -39,6 +40,16 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
 ]
+
+#: Status codes that say a call broke on its way (the server is gone or going, or
+#: the connection under a stream died), not that a server answered it: callers
+#: retry these while their connect timeout lasts. gRPC's Python client reports an
+#: operation on a stream whose connection has already died (a lighthouse that was
+#: restarted under a quorum stream) as INTERNAL "Internal error from Core"; our
+#: servers never send INTERNAL themselves.
+BROKEN_CALL = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL}
+)
 
 
 def normalize_address(addr: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import grpc
 
 from lighthouse import auth, services, wire
-from lighthouse._net import CHANNEL_OPTIONS, connection_error, stub
+from lighthouse._net import BROKEN_CALL, CHANNEL_OPTIONS, connection_error, stub
 from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
@@ -398,7 +398,7 @@ class LighthouseLink:
                 if details and not details.startswith("no quorum within"):
                     raise QuorumTimeoutError(f"{timeout}: {details}")  # the lighthouse's reason
                 raise timeout
-            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            if code in BROKEN_CALL:  # the stream broke under the request: ask again
                 now = loop.time()
                 first_unavailable = now if first_unavailable is None else first_unavailable
                 if now - first_unavailable >= self._connect_s:
