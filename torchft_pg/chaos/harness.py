@@ -144,7 +144,8 @@ class RankHarness:
         transport: CheckpointTransport[Any] = (
             PGTransport(self.pg, timeout=timeout, device=torch.device("cpu"))
             if config.transport == "pg"
-            else HTTPTransport(timeout)
+            # placed where the Manager would place its own (TORCHFT_BIND_HOST)
+            else HTTPTransport(timeout, bind_host=os.environ.get("TORCHFT_BIND_HOST") or "0.0.0.0")
         )
         self.manager = FaultInjectingManager(
             self.pg,
