@@ -42,51 +42,74 @@ T = TypeVar("T")
 
 
 class Watchdog:
-    """Runs callbacks at deadlines on a single daemon thread (started lazily)."""
+    """Runs callbacks at deadlines on a single daemon thread (started lazily).
 
-    def __init__(self) -> None:
+    Nearly every deadline is cancelled (a collective finished in time), so the
+    thread is woken only by a deadline earlier than every one it waits for,
+    and drops the cancelled deadlines at the head of its queue without waiting
+    for them: an allreduce per bucket costs no thread wake-up, and the thread
+    sleeps until the earliest deadline still live. `compact_after` cancelled
+    entries left behind a live one are removed in one pass, bounding memory.
+    """
+
+    def __init__(self, compact_after: int = 4096) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._ids = itertools.count()
         self._pending: set[int] = set()  # scheduled and not yet run
         self._cancelled: set[int] = set()
+        self._compact_after = compact_after
         self._thread: threading.Thread | None = None
+        self._waiting_until: float | None = None  # the thread's wake-up time (None: none)
 
     def schedule(self, delay: timedelta, callback: Callable[[], None]) -> int:
         """Call `callback` after `delay`; returns a handle for `cancel`."""
         handle = next(self._ids)
+        deadline = time.monotonic() + delay.total_seconds()
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + delay.total_seconds(), handle, callback))
+            heapq.heappush(self._heap, (deadline, handle, callback))
             self._pending.add(handle)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="torchft_pg-watchdog", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            elif self._waiting_until is None or deadline < self._waiting_until:
+                self._cond.notify()
         return handle
 
     def cancel(self, handle: int) -> None:
         """Do not run `handle`'s callback (no effect once it has run)."""
         with self._cond:
-            if handle in self._pending:
-                self._cancelled.add(handle)
+            if handle not in self._pending:
+                return
+            self._cancelled.add(handle)
+            if len(self._cancelled) >= self._compact_after:
+                self._heap = [e for e in self._heap if e[1] not in self._cancelled]
+                heapq.heapify(self._heap)
+                self._pending -= self._cancelled
+                self._cancelled.clear()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._heap:
+                while self._heap and self._heap[0][1] in self._cancelled:
+                    _, handle, _ = heapq.heappop(self._heap)
+                    self._cancelled.discard(handle)
+                    self._pending.discard(handle)
+                if not self._heap:
+                    self._waiting_until = None
                     self._cond.wait()
+                    continue
                 deadline, handle, callback = self._heap[0]
                 now = time.monotonic()
                 if deadline > now:
+                    self._waiting_until = deadline
                     self._cond.wait(deadline - now)
+                    self._waiting_until = None
                     continue
                 heapq.heappop(self._heap)
                 self._pending.discard(handle)
-                if handle in self._cancelled:
-                    self._cancelled.discard(handle)
-                    continue
             # Each due callback runs on a thread of its own: one that blocks (a user's
             # context_timeout callback stuck in an abort) must not stop every later
             # deadline in the process, the Manager's collective timeouts among them.

@@ -10,6 +10,7 @@ import pytest
 from torch.futures import Future
 
 from torchft_pg.futures import (
+    Watchdog,
     context_timeout,
     future_timeout,
     future_wait,
@@ -88,3 +89,61 @@ def test_a_stuck_callback_does_not_stop_later_deadlines() -> None:
             out.wait()
     finally:
         release.set()
+
+
+class _CountingCondition(threading.Condition):
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+        self.timed_wait = threading.Event()  # the watchdog waits for a deadline
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is not None:
+            self.timed_wait.set()
+        return super().wait(timeout)
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_only_a_deadline_earlier_than_the_awaited_one_wakes_the_watchdog() -> None:
+    wd = Watchdog()
+    cond = _CountingCondition()
+    wd._cond = cond
+    first = threading.Event()
+    wd.schedule(LONG, first.set)  # starts the thread, which then waits for LONG
+    assert cond.timed_wait.wait(5.0)
+    for _ in range(50):  # later deadlines, cancelled in time: nobody is woken
+        wd.cancel(wd.schedule(LONG * 2, first.set))
+    assert cond.notified == 0
+    early = threading.Event()
+    wd.schedule(SHORT, early.set)  # earlier than the awaited one: it must wake
+    assert early.wait(5.0) and cond.notified == 1
+    assert not first.is_set()
+
+
+def test_a_live_deadline_behind_cancelled_ones_still_fires() -> None:
+    wd = Watchdog()
+    fired: list[str] = []
+    done = threading.Event()
+    for _ in range(5):
+        wd.cancel(wd.schedule(SHORT, lambda: fired.append("cancelled")))
+
+    def live() -> None:
+        fired.append("live")
+        done.set()
+
+    wd.schedule(SHORT * 2, live)
+    assert done.wait(5.0)
+    assert fired == ["live"]
+
+
+def test_cancelled_deadlines_are_compacted_away() -> None:
+    wd = Watchdog(compact_after=8)
+    live = wd.schedule(LONG, lambda: None)
+    for _ in range(20):
+        wd.cancel(wd.schedule(LONG * 2, lambda: None))  # behind the live head
+    assert len(wd._heap) <= 1 + 8 and len(wd._cancelled) < 8
+    assert live in wd._pending and wd._cancelled <= wd._pending
+    wd.cancel(live)
