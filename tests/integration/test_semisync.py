@@ -60,13 +60,43 @@ def make_outer(params: Any) -> torch.optim.SGD:
     return torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
 
 
-def inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, group: int, step: int) -> None:
-    """Group `group`'s inner step `step`, on data of its own."""
+def inner_step(
+    model: torch.nn.Module,
+    inner: torch.optim.Optimizer,
+    group: int,
+    step: int,
+    device: torch.device | None = None,
+) -> None:
+    """Group `group`'s inner step `step`, on data of its own (made on the CPU, then
+    moved to `device` if given: the same numbers on every device)."""
     g = torch.Generator().manual_seed(1000 * group + step)
     x, y = torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g)
+    if device is not None:
+        x, y = x.to(device), y.to(device)
     inner.zero_grad()
     torch.nn.functional.mse_loss(model(x), y).backward()
     inner.step()
+
+
+def make_diloco(
+    manager: Manager,
+    fragments: list[torch.nn.Module],
+    inner: torch.optim.Optimizer,
+    outer: list[torch.optim.SGD],
+    cfg: dict[str, Any],
+) -> DiLoCo:
+    """DiLoCo as configuration `cfg` (one of `CONFIGS`) describes it."""
+    return DiLoCo(
+        manager,
+        fragments,
+        inner,
+        outer,
+        sync_every=cfg["sync_every"],
+        fragment_sync_delay=cfg["delay"],
+        fragment_update_alpha=cfg["alpha"],
+        should_quantize="quantization" in cfg,
+        quantization=cfg.get("quantization", "int8"),
+    )
 
 
 def as_lists(tensors: Any) -> list[Any]:
@@ -144,17 +174,7 @@ def _train(lighthouse: str, group: int, name: str, cfg: dict[str, Any]) -> dict[
         else:
             fragments = fragments_of(model, cfg["fragments"])
             outer = [make_outer(f.parameters()) for f in fragments]
-            wrapper = DiLoCo(
-                manager,
-                fragments,
-                inner,
-                outer,
-                sync_every=cfg["sync_every"],
-                fragment_sync_delay=cfg["delay"],
-                fragment_update_alpha=cfg["alpha"],
-                should_quantize="quantization" in cfg,
-                quantization=cfg.get("quantization", "int8"),
-            )
+            wrapper = make_diloco(manager, fragments, inner, outer, cfg)
         with wrapper:
             for t in range(cfg["steps"]):
                 inner_step(model, inner, group, t)

@@ -248,7 +248,6 @@ DILOCO_CFG: dict[str, Any] = {
 
 def _diloco_replica(ctx: RankContext) -> dict[str, Any]:
     from tests.integration import test_semisync as semisync
-    from torchft_pg.local_sgd import DiLoCo
 
     lighthouse, device_type = ctx.args
     device = torch.device(device_type)
@@ -268,24 +267,10 @@ def _diloco_replica(ctx: RankContext) -> dict[str, Any]:
         use_async_quorum=False,
     )
     try:
-        diloco = DiLoCo(
-            manager,
-            fragments,
-            inner,
-            outer,
-            sync_every=cfg["sync_every"],
-            fragment_sync_delay=cfg["delay"],
-            fragment_update_alpha=cfg["alpha"],
-        )
+        diloco = semisync.make_diloco(manager, fragments, inner, outer, cfg)
         with diloco:
-            for t in range(cfg["steps"]):
-                # the replay's data for this group and step, on the GPU
-                g = torch.Generator().manual_seed(1000 * ctx.rank + t)
-                x, y = torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g)
-                inner.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
-                loss.backward()
-                inner.step()
+            for t in range(cfg["steps"]):  # the replay's data, moved to the device
+                semisync.inner_step(model, inner, ctx.rank, t, device)
         if device.type == "cuda":
             torch.cuda.synchronize()
         return {
