@@ -276,6 +276,24 @@ def test_a_completed_allreduce_reaches_the_callers_tensor_averaged() -> None:
     manager.shutdown()
 
 
+def test_an_average_is_one_division_of_the_sum_in_the_tensors_dtype() -> None:
+    # the same bits as sum / participants (not sum * (1 / participants)), for
+    # float32 and for a narrower dtype the backend sums in
+    for dtype in (torch.float32, torch.bfloat16):
+        manager, _, _, pg = make([result(world=3)])
+        manager.start_quorum()
+        pg.hold = True
+        t = torch.zeros(3, dtype=dtype)
+        work = manager.allreduce(t)
+        [written] = pg.held
+        sums = torch.tensor([10.0, 1.0, 7.1], dtype=dtype)
+        written[0].copy_(sums)
+        pg.pending[0].set_result(written)
+        assert work.get_future().wait() is t
+        assert torch.equal(t, sums / 3), (dtype, t, sums / 3)
+        manager.shutdown()
+
+
 def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> None:
     manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=2, world=2)])
     manager.start_quorum()
