@@ -7,6 +7,7 @@ has the job secret: what keeps it out here is the quorum, not the secret.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -106,3 +107,55 @@ def test_set_quorum_checks_its_arguments() -> None:
             t.set_quorum("e/1", -1)
     finally:
         t.shutdown()
+
+
+def test_a_healer_asking_before_its_source_entered_the_quorum_waits_for_it() -> None:
+    # The healer of quorum e1/8 asks while its source still serves the same step
+    # in e1/7 (the source has not started the new quorum's step yet): it used to
+    # be refused at once, and a source that stayed that much behind kept every
+    # heal failing until it died with the only copy of the committed step.
+    source: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", job_secret=SECRET
+    )
+    receiver: HTTPTransport[dict[str, Any]] = HTTPTransport(
+        T, bind_host="127.0.0.1", job_secret=SECRET
+    )
+    got: list[Any] = []
+    try:
+        source.set_quorum("e1/7", 0)
+        source.send_checkpoint([1], 3, {"w": torch.arange(3.0)}, T)
+        server = source._server
+        assert "served in quorum e1/7" in (server.refusal("e1/8", "1", 0.0) or "")
+        receiver.set_quorum("e1/8", 1)
+
+        def fetch() -> None:
+            try:
+                got.append(receiver.recv_checkpoint(0, source.metadata(), 3, T)["w"].tolist())
+            except Exception as e:
+                got.append(e)
+
+        thread = threading.Thread(target=fetch, daemon=True)
+        thread.start()
+        waiting = threading.Event()
+        for _ in range(500):  # until the request waits on the source's quorum
+            if server._healers_changed._waiters:  # type: ignore[attr-defined]
+                break
+            waiting.wait(0.01)
+        assert server._healers_changed._waiters, "the request never waited"  # type: ignore[attr-defined]
+        source.set_quorum("e1/8", 0)
+        source.send_checkpoint([1], 3, {"w": torch.arange(3.0)}, T)
+        thread.join(T.total_seconds())
+        assert got == [[0.0, 1.0, 2.0]], got
+    finally:
+        receiver.shutdown()
+        source.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("asked", "may_come"),
+    [("e1/8", True), ("e1/12", True), ("e1/6", False), ("e2/1", True), ("e1/x", False)],
+)
+def test_only_a_later_quorum_or_another_epoch_is_worth_waiting_for(
+    asked: str, may_come: bool
+) -> None:
+    assert NamedHealers(quorum="e1/7", replica_ranks=frozenset({1})).may_come(asked) is may_come

@@ -19,7 +19,8 @@ Answers other than 200:
   `SERVED_STEP_HEADER` header, so the receiver can report it exactly;
 * ``401`` — no job secret, when the job has one (`lighthouse.auth`);
 * ``403`` — a request not from a healer the quorum named (`named_healers`),
-  when the owner said which quorum it serves in;
+  when the owner said which quorum it serves in; a request naming a later
+  quorum is answered once the owner serves in it (within the request's wait);
 * ``409`` — a chunk request whose ``serial`` is not the served checkpoint's
   (it was re-sent or re-allowed since the receiver read the metadata);
 * ``503`` — serving was not allowed within the wait (with the
@@ -110,12 +111,48 @@ class CheckpointServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         self.job_secret = job_secret  # every request must present it (None: unchecked)
         # Who the checkpoint is served to (None: anyone with the secret, if one is set).
-        self.healers: NamedHealers | None = None
+        self._healers: NamedHealers | None = None
+        self._healers_changed = threading.Condition()
         self.gate = gate
         self.timeout_s = timeout_s
         self.streaming: dict[socket.socket, Packed] = {}
         self.streaming_lock = threading.Lock()
         super().__init__(addr, _Handler)
+
+    @property
+    def healers(self) -> NamedHealers | None:
+        return self._healers
+
+    @healers.setter
+    def healers(self, healers: NamedHealers | None) -> None:
+        with self._healers_changed:
+            self._healers = healers
+            self._healers_changed.notify_all()
+
+    def refusal(self, quorum: str | None, replica_rank: str | None, wait_s: float) -> str | None:
+        """Why a request with these header values may not read now, or None.
+
+        A healer can ask before its source has entered the quorum that named
+        it (the source is still serving in the one before, for the same step):
+        a request naming another quorum than the served one waits up to
+        `wait_s` seconds for the source to serve in it, as a request for a step
+        not yet served waits for that step. Refused at once without a quorum
+        header or naming an older quorum of the same epoch, and after `wait_s`
+        if the source never serves in the quorum named.
+        """
+        deadline = time.monotonic() + wait_s
+        with self._healers_changed:
+            while True:
+                healers = self._healers
+                if healers is None:
+                    return None
+                refusal = healers.refusal(quorum, replica_rank)
+                left = deadline - time.monotonic()
+                if refusal is None or quorum is None or quorum == healers.quorum or left <= 0:
+                    return refusal
+                if not healers.may_come(quorum):  # a stale healer: nothing to wait for
+                    return refusal
+                self._healers_changed.wait(left)
 
     def cut_streams(self, keep: Packed | None) -> int:
         """Shut down every chunk transfer sending a checkpoint other than `keep`
@@ -224,24 +261,21 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self._error(401, f"this job's checkpoints require its job secret ({auth.SECRET_ENV})")
             return
-        healers = server.healers
-        refusal = (
-            None
-            if healers is None
-            else healers.refusal(
-                self.headers.get(QUORUM_HEADER), self.headers.get(REPLICA_RANK_HEADER)
-            )
-        )
-        if refusal is not None:
-            logger.warning("checkpoint request from %s refused: %s", self.address_string(), refusal)
-            self._error(403, refusal)
-            return
         try:
             step, kind, i, n, query = parse_path(self.path)
             wait_s = min(server.timeout_s, max(0.0, int(query.get("wait_ms", "0")) / 1000))
         except ValueError as exc:
             self._error(400, str(exc))
             return
+        started = time.monotonic()
+        refusal = server.refusal(
+            self.headers.get(QUORUM_HEADER), self.headers.get(REPLICA_RANK_HEADER), wait_s
+        )
+        if refusal is not None:
+            logger.warning("checkpoint request from %s refused: %s", self.address_string(), refusal)
+            self._error(403, refusal)
+            return
+        wait_s = max(0.0, wait_s - (time.monotonic() - started))
         try:
             with server.gate.read(step, wait_s) as packed:
                 if kind == "meta":

@@ -39,6 +39,17 @@ class NamedHealers:
     quorum: str
     replica_ranks: frozenset[int]
 
+    def may_come(self, quorum: str) -> bool:
+        """Whether this source may still serve in `quorum`: not one of the same
+        epoch that is older than the served one (a stale healer). A later one,
+        or one of another epoch (the lighthouse restarted), may be the quorum
+        the source has not entered yet."""
+        epoch, _, quorum_id = quorum.rpartition("/")
+        served_epoch, _, served_id = self.quorum.rpartition("/")
+        if epoch != served_epoch or not (quorum_id.isdecimal() and served_id.isdecimal()):
+            return epoch != served_epoch
+        return int(quorum_id[:18]) > int(served_id[:18])
+
     def refusal(self, quorum: str | None, replica_rank: str | None) -> str | None:
         """Why a request with these header values may not read the checkpoint, or None."""
         if quorum is None or replica_rank is None:
