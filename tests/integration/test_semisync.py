@@ -342,15 +342,7 @@ def _heal_group(
     try:
         fragments = fragments_of(model, KILL_CFG["fragments"])
         outer = [make_outer(f.parameters()) for f in fragments]
-        diloco = DiLoCo(
-            manager,
-            fragments,
-            inner,
-            outer,
-            sync_every=KILL_CFG["sync_every"],
-            fragment_sync_delay=KILL_CFG["delay"],
-            fragment_update_alpha=KILL_CFG["alpha"],
-        )
+        diloco = make_diloco(manager, fragments, inner, outer, KILL_CFG)
         syncs: list[tuple[int, bool]] = []  # (step synced, committed)
         with diloco:
             for t in range(200):
