@@ -29,6 +29,7 @@ from tests.multiproc import RankContext, run_ranks
 
 SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
 ITERS = {"4KiB": 300, "256KiB": 60, "4MiB": 12, "64MiB": 3}
+BABY_TEARDOWN_PAUSE_S = 0.1  # see _configure_latency
 
 
 def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
@@ -129,6 +130,11 @@ def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
     for i in range(count):
         if not storm:  # a job reconfigures seconds apart: the last teardown is done
             _reaper.wait_idle(30.0)
+            if kind == "baby":
+                # A Baby group's old backend is torn down by its child's own reaper,
+                # which this process cannot ask; a Gloo teardown takes ~20 ms, so a
+                # pause of several teardowns stands for "seconds apart" there.
+                time.sleep(BABY_TEARDOWN_PAUSE_S)
         ctx.barrier(f"cfg/{kind}/{i}")
         start = time.perf_counter()
         pg.configure(ctx.addr(f"{kind}/{i}"), ctx.rank, ctx.world_size)
