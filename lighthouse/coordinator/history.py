@@ -138,7 +138,9 @@ class StepHistory:
         self.sample_interval_s = float(sample_interval_s)
         self.max_replicas = max_replicas
         self._per_replica = math.ceil(window_s / sample_interval_s) + 1
-        self._samples: dict[str, deque[StepSample]] = {}
+        # Least recently recorded first: the replica silent longest is the first key,
+        # so making room for a new one is O(1) however many are tracked.
+        self._samples: OrderedDict[str, deque[StepSample]] = OrderedDict()
 
     def record(
         self, replica_id: str, step: int, step_time_ms: float, now: float, jump: bool = False
@@ -147,14 +149,16 @@ class StepHistory:
         as a sample: the first one, one ``sample_interval_s`` after the last kept,
         a step below the last (a reset starts a new segment at once), or a
         ``jump`` (a heal: kept at once, so no rate spans it)."""
-        buf = self._samples.get(replica_id)
+        samples = self._samples
+        buf = samples.get(replica_id)
         if buf is None:
-            if len(self._samples) >= self.max_replicas:
-                stalest = min(self._samples, key=lambda r: self._samples[r][-1].t)
-                del self._samples[stalest]
-            buf = self._samples[replica_id] = deque(maxlen=self._per_replica)
-        elif now - buf[-1].t < self.sample_interval_s and step >= buf[-1].step and not jump:
-            return False
+            if len(samples) >= self.max_replicas:
+                samples.popitem(last=False)  # the one silent longest
+            buf = samples[replica_id] = deque(maxlen=self._per_replica)
+        else:
+            samples.move_to_end(replica_id)  # heard from now, kept as a sample or not
+            if now - buf[-1].t < self.sample_interval_s and step >= buf[-1].step and not jump:
+                return False
         buf.append(StepSample(t=now, step=step, step_time_ms=max(0.0, step_time_ms), jump=jump))
         return True
 

@@ -125,6 +125,29 @@ def test_the_longest_silent_replica_makes_room_for_a_new_one() -> None:
     assert sorted(h.replica_ids()) == ["mid", "new"]
 
 
+def test_a_replica_heard_from_recently_stays_even_without_a_new_sample() -> None:
+    # "a" reports again within the sample interval (nothing kept), yet it was heard
+    # from after "b": the room for "c" is made by dropping "b".
+    h = StepHistory(window_s=60, sample_interval_s=10, max_replicas=2)
+    h.record("a", 0, 0.0, 0)
+    h.record("b", 0, 0.0, 1)
+    assert not h.record("a", 1, 0.0, 2)
+    h.record("c", 0, 0.0, 3)
+    assert sorted(h.replica_ids()) == ["a", "c"]
+
+
+def test_more_replicas_than_the_cap_rotate_in_arrival_order() -> None:
+    # 5 replicas reporting in turn through a cap of 3: each newcomer pushes out the
+    # one heard from longest ago, so the 3 most recent are always the ones kept.
+    h = StepHistory(window_s=60, sample_interval_s=1, max_replicas=3)
+    ids = [f"r{i}" for i in range(5)]
+    for t in range(20):
+        h.record(ids[t % 5], t, 0.0, float(t))
+        recent = {ids[k % 5] for k in range(max(0, t - 2), t + 1)}
+        assert set(h.replica_ids()) == recent
+    assert len(h) == 3
+
+
 def test_per_replica_buffers_are_bounded_by_the_window() -> None:
     h = StepHistory(window_s=10, sample_interval_s=1)
     for t in range(1000):
