@@ -76,19 +76,24 @@ def worker(lighthouse: str, index: int, barrier_port: int, world: int, mode: str
     from torchft_pg.manager import Manager
 
     group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(
-        ProcessGroupDummy(),
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"r{index}",
-        min_replica_size=1,
-        quorum_timeout=timedelta(seconds=60),
-        init_sync=False,
-    )
+    manager = Manager(ProcessGroupDummy(), **manager_settings(lighthouse, index, group_store.port))
     step_loop(manager, index)
+
+
+def manager_settings(lighthouse: str, index: int, store_port: int) -> dict[str, Any]:
+    """The Manager arguments our replicas and torchft's share (same names in both
+    libraries): one-rank groups, a quorum of one suffices, no initial sync."""
+    return {
+        "rank": 0,
+        "world_size": 1,
+        "store_addr": "127.0.0.1",
+        "store_port": store_port,
+        "lighthouse_addr": lighthouse,
+        "replica_id": f"r{index}",
+        "min_replica_size": 1,
+        "quorum_timeout": timedelta(seconds=60),
+        "init_sync": False,
+    }
 
 
 def step_loop(manager: Any, index: int) -> None:
@@ -138,15 +143,7 @@ def torchft_worker(lighthouse: str, index: int) -> None:
             ProcessGroupDummy(0, 1),
             load_state_dict=lambda _: None,  # never called: no replica heals here
             state_dict=lambda: {},
-            min_replica_size=1,
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=group_store.port,
-            lighthouse_addr=lighthouse,
-            replica_id=f"r{index}",
-            quorum_timeout=timedelta(seconds=60),
-            init_sync=False,
+            **manager_settings(lighthouse, index, group_store.port),
         )
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
