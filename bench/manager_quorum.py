@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 STEPS = 300
 NS = (2, 4, 8, 16)
 JOIN_TIMEOUT_MS = 10_000  # both lighthouses
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# our replicas' manager servers listen on loopback only (as the lighthouse here does)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHFT_BIND_HOST": "127.0.0.1"}
 # torchft's processes: its python, not our tree; its Rust side logs each quorum at INFO,
 # muted like our lighthouse (logger at ERROR here) unless RUST_LOG is set
 TORCHFT_ENV = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "error")}
@@ -166,9 +167,13 @@ def torchft_lighthouse(n: int, join_timeout_ms: int) -> None:
             break
         except metadata.PackageNotFoundError:
             pass
-    lh = LighthouseServer(bind="[::]:0", min_replicas=n, join_timeout_ms=join_timeout_ms)
+    # Loopback only, like ours; torchft's address() names the host, which need not
+    # resolve to loopback, so the workers are given 127.0.0.1 and its port.
+    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=n, join_timeout_ms=join_timeout_ms)
     try:
-        print(json.dumps({"address": lh.address(), "version": version}), flush=True)
+        port = lh.address().rstrip("/").rsplit(":", 1)[1]
+        address = f"http://127.0.0.1:{port}"
+        print(json.dumps({"address": address, "version": version}), flush=True)
         select.select([sys.stdin], [], [], TORCHFT_LIGHTHOUSE_MAX_S)  # EOF: the parent is done
     finally:
         lh.shutdown()
