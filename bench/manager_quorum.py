@@ -59,9 +59,10 @@ def worker(lighthouse: str, index: int, barrier_port: int, world: int, mode: str
     """One replica: STEPS steps, then one JSON line with its step times and finish time."""
     from torch.distributed import TCPStore
 
-    times: list[float] = []
-    stamps: list[float] = []
     if mode == "barrier":
+        times: list[float] = []
+        stamps: list[float] = []
+        ends: list[float] = []
         store = TCPStore("127.0.0.1", barrier_port, world, False, timedelta(seconds=60))
         for step in range(STEPS):
             stamps.append(time.time())
@@ -70,7 +71,8 @@ def worker(lighthouse: str, index: int, barrier_port: int, world: int, mode: str
                 store.set(f"go{step}", "1")
             store.wait([f"go{step}"])
             times.append(time.perf_counter() - t)
-        print(json.dumps({"index": index, "times": times, "stamps": stamps, "ok": True}))
+            ends.append(time.time())
+        print_result(index, times, stamps, ends, "")
         return
 
     from torchft_pg import ProcessGroupDummy
@@ -116,18 +118,16 @@ def step_loop(manager: Any, index: int) -> None:
         error = f"{type(exc).__name__}: {exc}"[:300]
     finally:
         manager.shutdown()
-    print(
-        json.dumps(
-            {
-                "index": index,
-                "times": times,
-                "stamps": stamps,
-                "ends": ends,
-                "ok": not error,
-                "error": error,
-            }
-        )
-    )
+    print_result(index, times, stamps, ends, error)
+
+
+def print_result(
+    index: int, times: list[float], stamps: list[float], ends: list[float], error: str
+) -> None:
+    """A worker's one JSON line, the same for every mode: its step times (seconds),
+    the wall clock as each step began and ended, and its error ("" if none)."""
+    line = {"index": index, "times": times, "stamps": stamps, "ends": ends}
+    print(json.dumps({**line, "ok": not error, "error": error}))
 
 
 def torchft_worker(lighthouse: str, index: int) -> None:
@@ -148,7 +148,7 @@ def torchft_worker(lighthouse: str, index: int) -> None:
         )
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
-        print(json.dumps({"index": index, "times": [], "stamps": [], "ok": False, "error": error}))
+        print_result(index, [], [], [], error)
         return
     step_loop(manager, index)
 
@@ -190,7 +190,7 @@ def max_lead(results: list[dict[str, object]]) -> int:
         (stamp, kind, r["index"])
         for r in results
         for kind, key in ((0, "stamps"), (1, "ends"))
-        for stamp in r.get(key, [])  # type: ignore[attr-defined]
+        for stamp in r[key]  # type: ignore[attr-defined]
     )
     begun: dict[object, int] = {r["index"]: 0 for r in results}
     finished: dict[object, int] = {r["index"]: 0 for r in results}
