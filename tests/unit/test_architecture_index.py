@@ -33,18 +33,24 @@ def public_classes(path: Path) -> list[str]:
     ]
 
 
+def modules() -> list[Path]:
+    """Every module of ``PACKAGES`` except the generated ``lighthouse/_gen/``, by path."""
+    return [
+        path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if not path.relative_to(ROOT).as_posix().startswith("lighthouse/_gen/")
+    ]
+
+
 def class_index() -> dict[str, list[str]]:
     """Module path (relative to the repository) → its public classes, for every
     module that defines at least one, sorted by path."""
     index: dict[str, list[str]] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith("lighthouse/_gen/"):
-                continue
-            names = public_classes(path)
-            if names:
-                index[rel] = names
+    for path in modules():
+        names = public_classes(path)
+        if names:
+            index[path.relative_to(ROOT).as_posix()] = names
     return index
 
 
@@ -82,11 +88,8 @@ def test_every_module_is_placed_outside_the_index() -> None:
     prose = text[: text.find(BEGIN)]
     unplaced = [
         path.relative_to(ROOT).as_posix()
-        for package in PACKAGES
-        for path in sorted((ROOT / package).rglob("*.py"))
-        if path.name != "__init__.py"
-        and not path.relative_to(ROOT).as_posix().startswith("lighthouse/_gen/")
-        and path.name not in prose
+        for path in modules()
+        if path.name != "__init__.py" and path.name not in prose
     ]
     assert not unplaced, f"docs/ARCHITECTURE.md does not say where these fit: {unplaced}"
 
