@@ -190,7 +190,11 @@ class QuorumRounds:
         heal = group_heal(reqs)
         if heal is not None:  # the ping below reaches the lighthouse even on a leased round
             self._link.heal = heal
-        self._link.ping_soon()  # lease holders wait for each other's round reports
+        if self._lease.lease_id > 0 or heal is not None:
+            # Lease holders wait for each other's round reports. Without a lease the
+            # round asks the lighthouse, and the request carries its step: a ping too
+            # would only double the lighthouse's work per round.
+            self._link.ping_soon()
         eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
         generation = self._link.open_generation
         loop = asyncio.get_running_loop()
