@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 
 import pytest
-from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
+from tests.managers import solo_manager
 from tests.threads import run_in_threads
-from torchft_pg import ProcessGroupDummy
-from torchft_pg.manager import Manager
 
 pytestmark = pytest.mark.timeout(120)
 STEPS = 40
@@ -26,21 +23,7 @@ def test_leased_rounds_keep_replicas_in_step_and_the_first_to_finish_strands_nob
     lock = threading.Lock()
 
     def replica(name: str, compute_s: float) -> int:
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        manager = Manager(
-            ProcessGroupDummy(),
-            rank=0,
-            world_size=1,
-            store_addr="127.0.0.1",
-            store_port=store.port,
-            lighthouse_addr=lh.address(),
-            replica_id=name,
-            min_replica_size=1,
-            init_sync=False,
-            quorum_timeout=timedelta(seconds=20),
-        )
-        leased = 0
-        try:
+        with solo_manager(lh.address(), name) as manager:
             while manager.current_step() < STEPS:
                 step = manager.current_step()
                 with lock:
@@ -53,10 +36,7 @@ def test_leased_rounds_keep_replicas_in_step_and_the_first_to_finish_strands_nob
                     slowest = min(called.values())
                     if slowest < step - 1:  # the quorum is the step barrier
                         violations.append(f"{name} finished step {step} while one is at {slowest}")
-            leased = lh.status()["quorums_issued"]
-        finally:
-            manager.shutdown()
-        return leased
+            return int(lh.status()["quorums_issued"])
 
     with LighthouseServer(
         bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=10_000, quorum_lease=True
