@@ -9,6 +9,11 @@ bounded teardown queue makes configures wait). Prints a table and, last, one
 JSON line with ratios to raw Gloo measured in the same run.
 
     .venv/bin/python bench/collectives.py [--quick]
+    .venv/bin/python bench/collectives.py --allreduce-only --sizes 4KiB --repeat 6
+
+The second form runs only the allreduce comparison, over the sizes named, as
+several independent runs (new processes each): this VM's small-op timings
+move between runs minutes apart, so one run's median is not the figure.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
 
     from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
 
-    rounds, quick = ctx.args
+    rounds, quick, sizes = ctx.args
     dist.init_process_group(
         "gloo",
         store=dist.PrefixStore("raw", ctx.store),
@@ -55,9 +60,9 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
         "gloo": lambda t: ours.allreduce([t]).wait(),
         "baby": lambda t: baby.allreduce([t]).wait(),
     }
-    out: dict[str, dict[str, list[float]]] = {v: {s: [] for s in SIZES} for v in variants}
-    for size_name, nbytes in SIZES.items():
-        t = torch.ones(nbytes // 4)
+    out: dict[str, dict[str, list[float]]] = {v: {s: [] for s in sizes} for v in variants}
+    for size_name in sizes:
+        t = torch.ones(SIZES[size_name] // 4)
         iters = max(1, ITERS[size_name] // (4 if quick else 1))
         for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
             fn(t)
@@ -147,20 +152,64 @@ def _configure_latency(ctx: RankContext) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(SIZES),
+        help=f"comma-separated allreduce sizes, from {', '.join(SIZES)} (default: all)",
+    )
+    parser.add_argument(
+        "--allreduce-only",
+        action="store_true",
+        help="only the 2-process allreduce comparison (no per-op cost, no configure rows)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="independent runs of the allreduce comparison"
+    )
     args = parser.parse_args()
+    sizes = [s for s in args.sizes.split(",") if s]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown or not sizes:
+        parser.error(f"--sizes {args.sizes!r}: expected names from {', '.join(SIZES)}")
+    if args.repeat < 1:
+        parser.error(f"--repeat {args.repeat}: expected at least 1")
+    if not args.allreduce_only and sizes != list(SIZES):
+        parser.error(
+            f"--sizes {args.sizes!r}: the full run measures every size (or pass --allreduce-only)"
+        )
     rounds = 2 if args.quick else 5
     reconfigs = 20 if args.quick else 100
 
-    results = run_ranks(_allreduce_rounds, 2, rounds, args.quick, timeout=600)
-    r0 = results[0]
-    med = {v: {s: statistics.median(r0[v][s]) for s in SIZES} for v in r0}
+    runs = [_allreduce_report(rounds, args.quick, sizes) for _ in range(args.repeat)]
+    report: dict[str, Any] = {"allreduce": runs[-1]}
+    if args.repeat > 1:
+        report["allreduce_runs"] = runs
+        print(f"\nextra over raw Gloo per run ({args.repeat} runs, each the median of its rounds)")
+        for s in sizes:
+            gloo = [round(r[s]["gloo_extra_us"]) for r in runs]
+            baby = [round(r[s]["baby_extra_us"]) for r in runs]
+            print(
+                f"{s:>8}: Gloo {gloo} us (median {statistics.median(gloo):.0f}); "
+                f"BabyGloo {baby} us (median {statistics.median(baby):.0f})"
+            )
+    if args.allreduce_only:
+        print()
+        print(json.dumps({"bench": "collectives", **report}))
+        return
+    _rest(report, reconfigs)
 
+
+def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, Any]:
+    """One run of the 2-process allreduce comparison (new processes): prints its table
+    and returns, per size, each variant's median time and its ratio to raw Gloo."""
+    r0 = run_ranks(_allreduce_rounds, 2, rounds, quick, sizes, timeout=600)[0]
+    med = {v: {s: statistics.median(r0[v][s]) for s in sizes} for v in r0}
     print(
         f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; bus GB/s = 2(n-1)/n * bytes / t)"
     )
     print(f"{'size':>8} | {'raw gloo':>18} | {'torchft_pg Gloo':>24} | {'torchft_pg BabyGloo':>24}")
-    report: dict[str, Any] = {"allreduce": {}}
-    for s, nbytes in SIZES.items():
+    out: dict[str, Any] = {}
+    for s in sizes:
+        nbytes = SIZES[s]
         cells = []
         for v in ("raw", "gloo", "baby"):
             t = med[v][s]
@@ -170,7 +219,7 @@ def main() -> None:
                 f"{t * 1e3:8.3f} ms {gbps:5.2f}" + ("" if v == "raw" else f" ({ratio:4.2f}x)")
             )
         print(f"{s:>8} | {cells[0]:>18} | {cells[1]:>24} | {cells[2]:>24}")
-        report["allreduce"][s] = {
+        out[s] = {
             "raw_ms": med["raw"][s] * 1e3,
             "gloo_ms": med["gloo"][s] * 1e3,
             "baby_ms": med["baby"][s] * 1e3,
@@ -179,7 +228,11 @@ def main() -> None:
             "gloo_extra_us": (med["gloo"][s] - med["raw"][s]) * 1e6,
             "baby_extra_us": (med["baby"][s] - med["raw"][s]) * 1e6,
         }
+    return out
 
+
+def _rest(report: dict[str, Any], reconfigs: int) -> None:
+    """The one-process op cost and the configure rows; then the targets and the JSON line."""
     cost = run_ranks(_op_cost, 1, timeout=300)[0]
     print(
         "\nper-op cost in one process (world size 1, 4 KiB: each path's own overhead, no network)"
