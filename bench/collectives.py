@@ -195,7 +195,7 @@ def main() -> None:
         print()
         print(json.dumps({"bench": "collectives", **report}))
         return
-    _rest(report, reconfigs)
+    _op_cost_and_configure(report, reconfigs)
 
 
 def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, Any]:
@@ -231,7 +231,7 @@ def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, A
     return out
 
 
-def _rest(report: dict[str, Any], reconfigs: int) -> None:
+def _op_cost_and_configure(report: dict[str, Any], reconfigs: int) -> None:
     """The one-process op cost and the configure rows; then the targets and the JSON line."""
     cost = run_ranks(_op_cost, 1, timeout=300)[0]
     print(
