@@ -396,6 +396,12 @@ def _lighthouse_recovery(quick: bool, result: dict[str, Any], targets: dict[str,
     targets["lighthouse_restart_le_2s"] = max(listen) <= TARGET_LH_RESTART_S
 
 
+def _paired_overhead(per_rank: list[dict[str, list[float]]], ours: str, plain: str) -> float:
+    """The median over both ranks of each round's ratio `ours` / `plain`, minus one."""
+    ratios = [m / p for r in per_rank for m, p in zip(r[ours], r[plain], strict=True)]
+    return statistics.median(ratios) - 1
+
+
 def _overhead(quick: bool, result: dict[str, Any], targets: dict[str, bool]) -> None:
     from lighthouse import LighthouseServer
 
@@ -410,15 +416,11 @@ def _overhead(quick: bool, result: dict[str, Any], targets: dict[str, bool]) -> 
         # the median of each round's paired ratio, over both ranks: adjacent
         # rounds share the machine's mood, which moves by more than the overhead
         # between minutes (and, on this VM, between runs: short rounds, many pairs)
-        ratios = [m / p for r in per_rank for m, p in zip(r["manager"], r["plain"], strict=True)]
-        overhead = med(ratios) - 1
+        overhead = _paired_overhead(per_rank, "manager", "plain")
         # the same for CPU per step (all of a rank's threads): less moved by the
         # machine's load than wall time, and it counts the work of our background
         # threads (the manager server's loop) that wall time may hide on idle cores
-        cpu_ratios = [
-            m / p for r in per_rank for m, p in zip(r["manager_cpu"], r["plain_cpu"], strict=True)
-        ]
-        cpu_overhead = med(cpu_ratios) - 1
+        cpu_overhead = _paired_overhead(per_rank, "manager_cpu", "plain_cpu")
         cpu_plain, cpu_managed = med(r0["plain_cpu"]), med(r0["manager_cpu"])
         print(
             f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} alternating rounds x "
