@@ -3,6 +3,12 @@ run a lighthouse until SIGINT/SIGTERM.
 
 Prints one line ``lighthouse listening on http://HOST:PORT (epoch E) status http://...``
 once serving, then logs why each quorum is (not yet) formed.
+
+Every flag is also accepted in torchft's underscore spelling (``--min_replicas``
+for ``--min-replicas``), so torchft's launch commands work unchanged.
+``torchft_main`` is torchft's own command, ``torchft_lighthouse`` (installed by
+the torchft-pg-compat distribution): the same flags with torchft's defaults,
+``--min_replicas`` required and a 60 s join timeout.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+from typing import Any
 
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -26,11 +33,28 @@ from lighthouse.tls import resolve_tls
 
 DEFAULT_BIND = "[::]:29510"
 DEFAULT_HTTP_BIND = "[::]:29511"
+# torchft's command-line default join timeout (its Python LighthouseServer's is 100 ms).
+TORCHFT_JOIN_TIMEOUT_MS = 60_000
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="torchft-pg-lighthouse",
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that also accepts each ``--a-b`` flag as ``--a_b`` (torchft's form)."""
+
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
+        aliases = [
+            "--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]
+        ]
+        return super().add_argument(*names, *aliases, **kwargs)
+
+
+def build_parser(
+    prog: str = "torchft-pg-lighthouse",
+    min_replicas: int | None = DEFAULT_MIN_REPLICAS,
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
+) -> argparse.ArgumentParser:
+    """The command line; `min_replicas` None makes ``--min-replicas`` required."""
+    p = _Parser(
+        prog=prog,
         description="The torchft_pg lighthouse: decides every quorum, detects dead replica groups.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -38,13 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-replicas",
         type=int,
-        default=DEFAULT_MIN_REPLICAS,
+        default=min_replicas,
+        required=min_replicas is None,
         help="fewest replica groups for a quorum (the fast path ignores it)",
     )
     p.add_argument(
         "--join-timeout-ms",
         type=int,
-        default=DEFAULT_JOIN_TIMEOUT_MS,
+        default=join_timeout_ms,
         help="milliseconds to wait for live replicas that have not asked yet",
     )
     p.add_argument(
@@ -142,8 +167,15 @@ def state_file_for(arg: str, bind: str) -> str | None:
     return None if port == "0" else f"torchft-pg-lighthouse-{port}.state.json"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def torchft_main(argv: list[str] | None = None) -> int:
+    """``torchft_lighthouse``: torchft's command, with torchft's defaults."""
+    return main(argv, build_parser("torchft_lighthouse", None, TORCHFT_JOIN_TIMEOUT_MS))
+
+
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    prog = parser.prog
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -170,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             tls=resolve_tls(args.tls_cert, args.tls_key, args.tls_ca),
         )
     except (ValueError, OSError) as exc:
-        print(f"torchft-pg-lighthouse: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -177,3 +177,29 @@ def test_nesting_has_one_fixed_bound_on_both_sides_whatever_the_stack_depth() ->
         validate.decode_data("[" * 101 + "]" * 101)
     tricky = {"s": '\\"' + "[" * 500, "t": "{" * 500}
     assert validate.decode_data(validate.encode_data(tricky)) == tricky
+
+
+def test_every_flag_takes_torchfts_underscore_spelling_too() -> None:
+    from lighthouse.coordinator.cli import build_parser
+
+    flags = "--min-replicas 2 --join-timeout-ms 10000 --quorum-tick-ms 50"
+    flags += " --heartbeat-timeout-ms 700 --http-bind none --state-file none"
+    hyphens = build_parser().parse_args(flags.split())
+    underscores = build_parser().parse_args(flags.replace("-", "_").replace("__", "--").split())
+    assert vars(hyphens) == vars(underscores)
+    assert (underscores.min_replicas, underscores.join_timeout_ms) == (2, 10000)
+
+
+def test_torchft_lighthouse_has_torchfts_defaults_and_requires_min_replicas(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from lighthouse.coordinator.cli import TORCHFT_JOIN_TIMEOUT_MS, build_parser, torchft_main
+
+    parser = build_parser("torchft_lighthouse", None, TORCHFT_JOIN_TIMEOUT_MS)
+    args = parser.parse_args(["--min_replicas", "1"])
+    assert (args.bind, args.join_timeout_ms, args.quorum_tick_ms) == ("[::]:29510", 60_000, 100)
+    assert args.heartbeat_timeout_ms == DEFAULT_HEARTBEAT_TIMEOUT_MS
+    with pytest.raises(SystemExit) as exc:
+        torchft_main([])
+    assert exc.value.code == 2
+    assert "--min-replicas/--min_replicas" in capsys.readouterr().err
