@@ -158,7 +158,8 @@ class LighthouseCore:
             self.job_state.record(self.state.committed_step, now, self._quorum_members())
 
     def flush_job_state(self) -> None:
-        """Write the committed step and the quorum size now (at shutdown).
+        """Write the committed step and the quorum size now (at shutdown; a failure
+        is logged by ``JobStateFile``, never raised).
 
         The size matters as much as the step: the next lighthouse waits for a
         majority of it before issuing (rule 3); a record of 0 would let the
@@ -435,6 +436,7 @@ class LighthouseCore:
             "quorums_issued": self.quorums_issued,
             "committed_step": state.committed_step,
             "job_state_file": None if self.job_state is None else str(self.job_state.path),
+            "job_state_error": None if self.job_state is None else self.job_state.error,
             "quorum": None
             if prev is None
             else {

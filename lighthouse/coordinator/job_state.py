@@ -16,18 +16,30 @@ lighthouse flushes the latest value on its next tick and at shutdown), so a
 job committing hundreds of steps a second costs a few small writes a second.
 After a SIGKILL the file trails the true committed step by at most that
 interval's worth of steps.
+
+A write that fails (a full disk, a removed directory, no file descriptor
+left) is reported as what it is and raises nothing: the lighthouse keeps the
+step in memory, its quorums go on (none needs the file once it is loaded),
+and the next write retries. The failure is logged once when writes start
+failing and once when they work again, and ``error`` says it meanwhile
+(``/status`` shows it as ``job_state_error``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["JobStateFile"]
 
 DEFAULT_MIN_INTERVAL_S = 0.1
+
+log = logging.getLogger("lighthouse")
 
 
 class JobStateFile:
@@ -44,6 +56,8 @@ class JobStateFile:
         self.quorum_members = 0  # as loaded
         self._last_write = float("-inf")
         self.epoch = ""
+        # the failing episode, if writes fail now: the first error, when, and how many
+        self._failure: tuple[str, int, int] | None = None  # (error, since unix ms, failures)
 
     def load(self) -> int:
         """The recorded committed step; 0 if the file does not exist yet.
@@ -86,17 +100,60 @@ class JobStateFile:
 
     def flush(self, now: float | None = None, force: bool = True) -> bool:
         """Write the latest recorded step if it differs from the file's (``force``
-        ignores the throttle). True if written."""
+        ignores the throttle). True if written; False if nothing was due or the
+        write failed (see ``error``; a later call retries)."""
         wanted = self._wanted
         if wanted is None or wanted == self._saved:
             return False
         now = time.monotonic() if now is None else now
         if not force and now - self._last_write < self.min_interval_s:
             return False
-        self._write(wanted)
+        self._last_write = now  # a failed write is retried after the interval too
+        try:
+            self._write(wanted)
+        except OSError as exc:
+            self._failed(exc, wanted[0])
+            return False
         self._saved = wanted
-        self._last_write = now
+        if self._failure is not None:
+            error, since_ms, failures = self._failure
+            self._failure = None
+            log.info(
+                "job state file %r written again (committed step %d) after %d failed write(s) "
+                "over %.1f s (first: %s)",
+                str(self.path),
+                wanted[0],
+                failures,
+                (time.time() * 1000 - since_ms) / 1000,
+                error,
+            )
         return True
+
+    def _failed(self, exc: OSError, step: int) -> None:
+        """Count a failed write; log the first of an episode."""
+        if self._failure is not None:
+            error, since_ms, failures = self._failure
+            self._failure = (error, since_ms, failures + 1)
+            return
+        error = f"{type(exc).__name__}: {exc}"
+        self._failure = (error, int(time.time() * 1000), 1)
+        log.error(
+            "cannot write the job state file %r: %s. The committed step (%d) is kept in "
+            "memory and quorums go on; a lighthouse restarted before a write succeeds would "
+            "remember an older step. Retrying; logged again once it works",
+            str(self.path),
+            error,
+            step,
+        )
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """None while writes work; else ``{"error", "since_unix_ms", "failed_writes"}``
+        of the failures since the last write that worked."""
+        if self._failure is None:
+            return None
+        error, since_ms, failures = self._failure
+        return {"error": error, "since_unix_ms": since_ms, "failed_writes": failures}
 
     def _write(self, wanted: tuple[int, int]) -> None:
         step, members = wanted
@@ -108,7 +165,12 @@ class JobStateFile:
         }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(record, f)
-            f.write("\n")
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(record, f)
+                f.write("\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # a half-written temporary (a full disk) is not left behind
+            raise

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
+
+import pytest
 
 from lighthouse.coordinator.job_state import JobStateFile
 
@@ -41,3 +45,29 @@ def test_the_last_quorum_size_is_kept_and_older_records_read_as_zero(tmp_path: P
     f.path.write_text(json.dumps({"committed_step": 4, "epoch": "e"}))
     old = JobStateFile(f.path)
     assert (old.load(), old.quorum_members) == (4, 0)
+
+
+def test_a_failed_write_raises_nothing_is_reported_once_and_retried(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory = tmp_path / "state"
+    f = JobStateFile(directory / "s.json", min_interval_s=0.0)
+    f.load()
+    assert f.record(1, now=0.0) and f.error is None
+    shutil.rmtree(directory)
+    directory.write_text("not a directory")  # every write now fails
+    caplog.set_level(logging.INFO, logger="lighthouse")
+    assert not f.record(2, now=1.0)
+    assert not f.record(3, now=2.0)
+    assert not f.flush(now=3.0)  # the shutdown flush too: nothing raises
+    error = f.error
+    assert error is not None and error["failed_writes"] == 3, error
+    assert error["error"].startswith(("FileExistsError", "NotADirectoryError")), error
+    failures = [r for r in caplog.records if "cannot write the job state file" in r.message]
+    assert len(failures) == 1 and failures[0].levelno == logging.ERROR  # once per episode
+    assert "committed step (2) is kept in memory and quorums go on" in failures[0].message
+    directory.unlink()  # the disk is fixed: the next write succeeds and says so
+    assert f.record(4, now=4.0) and f.error is None
+    assert JobStateFile(f.path).load() == 4
+    assert "written again (committed step 4) after 3 failed write(s)" in caplog.text
+    assert [p.name for p in directory.iterdir()] == ["s.json"]  # no temporary left
