@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from lighthouse.accept_backoff import OUT_OF_DESCRIPTORS, AcceptBackoff
 from lighthouse.coordinator import dashboard
 
 log = logging.getLogger("lighthouse.http")
@@ -163,43 +164,86 @@ class LighthouseMetrics:
 
 READ_TIMEOUT_S = 10.0  # a status connection idle this long (s) is closed
 MAX_CONNECTIONS = 64  # status connections served at once; more are closed on arrival
+MAX_CONNECTIONS_PER_PEER = 16  # of them, from one address
 
 
 class _BoundedHTTPServer(ThreadingHTTPServer):
-    """A threading HTTP server that serves at most ``max_connections`` at once."""
+    """A threading HTTP server that serves at most ``max_connections`` at once, at
+    most ``max_per_peer`` of them from one address, and whose accept loop backs
+    off (``AcceptBackoff``) instead of spinning when the process runs out of
+    file descriptors."""
 
     daemon_threads = True
 
-    def __init__(self, addr: tuple[str, int], handler: Any, max_connections: int) -> None:
+    def __init__(
+        self, addr: tuple[str, int], handler: Any, max_connections: int, max_per_peer: int
+    ) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
         self._max = max_connections
+        self._max_per_peer = max_per_peer
+        self._per_peer: dict[str, int] = {}
+        self._peers_lock = threading.Lock()
         self._last_refusal_log = float("-inf")
+        self._backoff = AcceptBackoff("status server")
+        self.stopping = threading.Event()  # set by StatusHTTPServer.shutdown: ends a backoff
         super().__init__(addr, handler)
 
+    def get_request(self) -> tuple[Any, Any]:
+        try:
+            conn: tuple[Any, Any] = super().get_request()
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:
+                delay, line = self._backoff.failed(exc, time.monotonic())
+                if line is not None:
+                    log.warning("%s", line)
+                self.stopping.wait(delay)
+            raise  # socketserver drops this accept and polls again
+        line = self._backoff.accepted(time.monotonic())
+        if line is not None:
+            log.info("%s", line)
+        return conn
+
+    def _refuse(self, request: Any, why: str) -> None:
+        now = time.monotonic()
+        if now - self._last_refusal_log >= 10.0:
+            self._last_refusal_log = now
+            log.warning("status server: %s; closing new ones until some end", why)
+        self.shutdown_request(request)
+
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            now = time.monotonic()
-            if now - self._last_refusal_log >= 10.0:
-                self._last_refusal_log = now
-                log.warning(
-                    "status server: %d connections open (the cap); closing new ones "
-                    "until some end (from %s)",
-                    self._max,
-                    client_address[0],
-                )
-            self.shutdown_request(request)
+        peer = str(client_address[0])
+        with self._peers_lock:
+            held = self._per_peer.get(peer, 0)
+            if held >= self._max_per_peer:
+                refused = f"{held} connections open from {peer} (the cap per address)"
+            elif not self._slots.acquire(blocking=False):
+                refused = f"{self._max} connections open (the cap; the latest from {peer})"
+            else:
+                refused = ""
+                self._per_peer[peer] = held + 1
+        if refused:
+            self._refuse(request, refused)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
+
+    def _release(self, peer: str) -> None:
+        with self._peers_lock:
+            left = self._per_peer[peer] - 1
+            if left:
+                self._per_peer[peer] = left
+            else:
+                del self._per_peer[peer]
+        self._slots.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._release(str(client_address[0]))
 
 
 class StatusHTTPServer:
@@ -212,13 +256,17 @@ class StatusHTTPServer:
         metrics: LighthouseMetrics,
         read_timeout_s: float = READ_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_peer: int = MAX_CONNECTIONS_PER_PEER,
     ) -> None:
         """``snapshot`` returns the status dict (it may block up to a few seconds).
 
         A connection that sends nothing for ``read_timeout_s`` seconds is closed,
-        and at most ``max_connections`` are served at once: more are closed on
-        arrival (one log line per 10 s says so), so slow or idle clients cannot
-        hold every thread and file descriptor and stop ``/status`` answering.
+        and at most ``max_connections`` are served at once, at most
+        ``max_per_peer`` from one address: more are closed on arrival (one log
+        line per 10 s says so), so slow or idle clients cannot hold every
+        thread and file descriptor and stop ``/status`` answering. When the
+        process is out of file descriptors, accepting backs off (50 ms doubling
+        to 1 s) and logs once per episode instead of spinning.
         """
         page = dashboard.dashboard_page()
 
@@ -249,6 +297,8 @@ class StatusHTTPServer:
                         self._send(200, CONTENT_TYPE_LATEST, metrics.render())
                     else:
                         self._send(404, "text/plain", f"no such page {path!r}\n".encode())
+                except (BrokenPipeError, ConnectionResetError):  # the client went away
+                    log.debug("http: %s went away before its answer", self.client_address[0])
                 except Exception as exc:  # the page must not take the server down
                     log.exception("status page failed")
                     self._send(500, "text/plain", f"{type(exc).__name__}: {exc}\n".encode())
@@ -261,7 +311,7 @@ class StatusHTTPServer:
                 address_family = socket.AF_INET6
 
             server_cls = V6Server
-        self._httpd = server_cls((host, port), Handler, max_connections)
+        self._httpd = server_cls((host, port), Handler, max_connections, max_per_peer)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever,
             kwargs={"poll_interval": 0.2},
@@ -276,6 +326,7 @@ class StatusHTTPServer:
 
     def shutdown(self) -> None:
         """Stop serving (waits at most ~2 s for the serving thread)."""
+        self._httpd.stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
         self._thread.join(timeout=2.0)
