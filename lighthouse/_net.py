@@ -14,6 +14,8 @@ from typing import Any
 import grpc
 
 from lighthouse import auth, services, tls, validate
+from lighthouse._conn_guard import ConnectionGuard
+from lighthouse.connection_policy import ConnectionLimits
 
 __all__ = [
     "BROKEN_CALL",
@@ -87,16 +89,33 @@ def advertised_host(bind_host: str, hostname: str | None) -> str:
     return socket.gethostname()
 
 
-def grpc_server_options(keepalive_ms: int) -> list[tuple[str, Any]]:
+def grpc_server_options(
+    keepalive_ms: int, limits: ConnectionLimits | None = None
+) -> list[tuple[str, Any]]:
     """Options shared by both servers: size limit, no port sharing, keepalive pings
-    every ``keepalive_ms`` milliseconds so a silent peer's calls end."""
-    return [
+    every ``keepalive_ms`` milliseconds so a silent peer's calls end.
+
+    With ``limits``: at most ``limits.max_connections`` connections at once (one
+    past it is closed on arrival, before it costs more than its accept), and a
+    connection that has not finished gRPC's handshake (HTTP/2 preface, TLS) within
+    ``limits.unauthenticated_timeout_s`` seconds is closed.
+    """
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", validate.MAX_MESSAGE_BYTES),
         ("grpc.so_reuseport", 0),
         ("grpc.keepalive_time_ms", keepalive_ms),
         ("grpc.keepalive_timeout_ms", keepalive_ms),
         ("grpc.http2.min_ping_interval_without_data_ms", 1000),
     ]
+    if limits is not None:
+        options += [
+            ("grpc.max_allowed_incoming_connections", limits.max_connections),
+            (
+                "grpc.server_handshake_timeout_ms",
+                max(1, round(limits.unauthenticated_timeout_s * 1000)),
+            ),
+        ]
+    return options
 
 
 def method_handlers(
@@ -104,6 +123,7 @@ def method_handlers(
     handlers: Mapping[str, Callable[..., Any]],
     secret: str | None = None,
     job_id: str | None = None,
+    admitted: Callable[[Any], None] | None = None,
 ) -> grpc.GenericRpcHandler:
     """Serve ``handlers`` (method name -> raw-bytes handler) as ``service``, each with
     the shape the method table (``lighthouse.services``) gives it.
@@ -112,7 +132,8 @@ def method_handlers(
     server can neither miss an RPC nor serve one the proto does not declare.
     With a job ``secret`` every method first refuses calls without it
     (UNAUTHENTICATED; see ``lighthouse.auth``), and with a ``job_id`` calls
-    for another job (FAILED_PRECONDITION).
+    for another job (FAILED_PRECONDITION); ``admitted(context)`` hears of
+    every call that passes.
     """
     methods = {m.name: m for m in services.SERVICES[service]}
     if set(handlers) != set(methods):
@@ -121,7 +142,7 @@ def method_handlers(
         )
     table = {
         name: getattr(grpc, f"{methods[name].shape}_rpc_method_handler")(
-            auth.guard(fn, secret, f"{service.rsplit('.', 1)[-1]}.{name}", job_id)
+            auth.guard(fn, secret, f"{service.rsplit('.', 1)[-1]}.{name}", job_id, admitted)
         )
         for name, fn in handlers.items()
     }
@@ -138,6 +159,7 @@ def bind_server(
     secret: str | None = None,
     job_id: str | None = None,
     tls_config: tls.TlsConfig | None = None,
+    conn_guard: ConnectionGuard | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An asyncio gRPC server serving ``service`` and bound to ``bind``, not yet
     started; returns it and the bound port. Call on the event loop that will run
@@ -146,10 +168,17 @@ def bind_server(
     With ``tls_config`` the port serves TLS only (``lighthouse.tls``): a
     plaintext client's connection is closed during the handshake, before any
     call reaches a handler. ``ValueError`` if it has no certificate and key.
+
+    With ``conn_guard`` the server holds at most its ``max_connections``, and
+    the guard, watching the bound port from here on, closes connections that
+    never authenticate (``lighthouse.connection_policy``); the caller stops it
+    with the server.
     """
     credentials = None if tls_config is None else tls.server_credentials(tls_config, what)
-    server = grpc.aio.server(options=grpc_server_options(keepalive_ms))
-    server.add_generic_rpc_handlers((method_handlers(service, handlers, secret, job_id),))
+    limits = None if conn_guard is None else conn_guard.limits
+    server = grpc.aio.server(options=grpc_server_options(keepalive_ms, limits))
+    admitted = None if conn_guard is None or not conn_guard.enforced else conn_guard.admitted
+    server.add_generic_rpc_handlers((method_handlers(service, handlers, secret, job_id, admitted),))
     port: int = (
         server.add_insecure_port(bind)
         if credentials is None
@@ -157,6 +186,8 @@ def bind_server(
     )
     if port == 0:
         raise OSError(f"could not bind {what} to {bind!r}")
+    if conn_guard is not None:
+        conn_guard.watch(port)
     return server, port
 
 

@@ -198,13 +198,23 @@ def guard(
     secret: str | None,
     what: str,
     job_id: str | None = None,
+    admitted: Callable[[Any], None] | None = None,
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     """`handler` (an asyncio gRPC handler) that first refuses calls without `secret`
     (UNAUTHENTICATED) and, if `job_id` is set, calls for another job or for none
     (FAILED_PRECONDITION). Refusals name `what` (the method), never the secret.
+    ``admitted(context)``, if given, hears of every call that passes: its
+    connection authenticated (``lighthouse._conn_guard``).
     """
     if secret is None and job_id is None:
-        return handler
+        if admitted is None:
+            return handler
+
+        async def recorded(request: Any, context: Any) -> Any:
+            admitted(context)
+            return await handler(request, context)
+
+        return recorded
 
     async def checked(request: Any, context: Any) -> Any:
         metadata = context.invocation_metadata()
@@ -221,6 +231,8 @@ def guard(
                     f"{what}: this lighthouse serves job {job_id!r}, the call is for "
                     + (f"job {theirs!r}" if theirs else f"no job (set {JOB_ID_ENV})"),
                 )
+        if admitted is not None:
+            admitted(context)
         return await handler(request, context)
 
     return checked

@@ -20,6 +20,10 @@ import sys
 import threading
 from typing import Any
 
+from lighthouse.connection_policy import (
+    DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+    DEFAULT_UNAUTHENTICATED_TIMEOUT_S,
+)
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
@@ -28,7 +32,7 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUARANTINE_BASE_MS,
     DEFAULT_QUORUM_TICK_MS,
 )
-from lighthouse.coordinator.server import LighthouseServer
+from lighthouse.coordinator.server import DEFAULT_MAX_CONNECTIONS, LighthouseServer
 from lighthouse.tls import resolve_tls
 
 DEFAULT_BIND = "[::]:29510"
@@ -151,6 +155,26 @@ def build_parser(
         help="PEM CA bundle the job's clients verify servers with (the lighthouse only "
         "checks it is readable); default: $TORCHFT_TLS_CA, else the certificate itself",
     )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="gRPC connections held at once, from all peers (more are closed on arrival); "
+        f"default: {DEFAULT_MAX_CONNECTIONS}, or what the open-file limit carries if less",
+    )
+    p.add_argument(
+        "--max-unauthenticated-per-peer",
+        type=int,
+        default=DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+        help="connections one address may hold that never authenticated (no call passed "
+        "the job check); the oldest past it are closed",
+    )
+    p.add_argument(
+        "--unauthenticated-timeout-ms",
+        type=int,
+        default=round(DEFAULT_UNAUTHENTICATED_TIMEOUT_S * 1000),
+        help="milliseconds a connection may stay open without authenticating",
+    )
     p.add_argument("--hostname", default=None, help="host name to advertise (default: bind host)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
@@ -200,8 +224,11 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             job_secret=secret,
             job_id=args.job_id,
             tls=resolve_tls(args.tls_cert, args.tls_key, args.tls_ca),
+            max_connections=args.max_connections,
+            max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
+            unauthenticated_timeout_ms=args.unauthenticated_timeout_ms,
         )
-    except (ValueError, OSError) as exc:
+    except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     stop = threading.Event()

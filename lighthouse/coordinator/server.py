@@ -23,9 +23,15 @@ from typing import Any
 import grpc
 
 from lighthouse import auth, services, validate, wire
+from lighthouse._conn_guard import ConnectionGuard
 from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock
+from lighthouse.connection_policy import (
+    DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+    DEFAULT_UNAUTHENTICATED_TIMEOUT_S,
+    ConnectionLimits,
+)
 from lighthouse.coordinator.admission import (
     DEFAULT_MAX_TRACKED_REPLICAS,
     MAX_STREAMS_PER_REPLICA,
@@ -44,10 +50,19 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUORUM_TICK_MS,
     QuorumConfig,
 )
+from lighthouse.coordinator.status import MAX_CONNECTIONS as STATUS_MAX_CONNECTIONS
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
+from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
 from lighthouse.tls import TlsConfig, resolve_tls
 
-__all__ = ["DEFAULT_MAX_TRACKED_REPLICAS", "MAX_STREAMS_PER_REPLICA", "LighthouseServer"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "DEFAULT_MAX_TRACKED_REPLICAS",
+    "FD_RESERVE",
+    "MAX_STREAMS_PER_REPLICA",
+    "MIN_CONNECTIONS",
+    "LighthouseServer",
+]
 
 log = logging.getLogger("lighthouse")
 # How the server answers each kind of refusal (see ``admission.Refusal``).
@@ -58,6 +73,15 @@ _REFUSAL_CODES = {
     "malformed": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
+#: gRPC connections the lighthouse holds at once by default: a job of 1024 replica
+#: groups holds about 1024 (one per manager server, plus any LighthouseClient), and
+#: half the cap stays free for the job whatever strangers hold (connection_policy).
+DEFAULT_MAX_CONNECTIONS = 4096
+#: The fewest connections a lighthouse starts with.
+MIN_CONNECTIONS = 8
+#: File descriptors kept free beside the gRPC connections and the status page's:
+#: the state file, the listeners, gRPC's and asyncio's own, logs, stdio.
+FD_RESERVE = 64
 _REASON_MARGIN_S = 0.25  # a quorum wait ends this long before the caller's deadline
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
 
@@ -133,6 +157,23 @@ class LighthouseServer:
             RESOURCE_EXHAUSTED and changes nothing, as is a liveness stream
             beyond ``MAX_STREAMS_PER_REPLICA`` (4) open under one id. Both are
             logged once per episode, not per call.
+        max_connections: gRPC connections held at once, from all peers; one
+            past it is closed on arrival. None: ``DEFAULT_MAX_CONNECTIONS``
+            (4096), or as many as the open-file limit carries if fewer (a
+            warning says so). The soft ``RLIMIT_NOFILE`` is first raised to the
+            hard limit; the cap plus the status page's 64 connections plus
+            ``FD_RESERVE`` (64) must fit in it, and the cap must be at least
+            ``MIN_CONNECTIONS`` (8) and twice ``min_replicas`` (the half kept
+            for the job holds them), else ``ValueError`` naming the figures.
+        max_unauthenticated_per_peer: connections one peer address may hold
+            that never authenticated (no call passed the job check on them);
+            the oldest past it are closed. Default 16.
+        unauthenticated_timeout_ms: milliseconds a connection may stay open
+            without authenticating (default 10_000). Connections that never
+            authenticated are also kept to half of ``max_connections`` in all,
+            so the other half stays free for the job; a flood is logged once
+            when it starts and once when it ends
+            (``lighthouse.connection_policy``).
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -159,6 +200,9 @@ class LighthouseServer:
         job_id: str | None = None,
         tls: TlsConfig | None = None,
         max_tracked_replicas: int = DEFAULT_MAX_TRACKED_REPLICAS,
+        max_connections: int | None = None,
+        max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+        unauthenticated_timeout_ms: int | None = None,
     ) -> None:
         if not isinstance(bind, str):
             raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
@@ -186,6 +230,25 @@ class LighthouseServer:
             )
             / 1000,
         )
+        unauthenticated_timeout_ms = _ms_arg(
+            "unauthenticated_timeout_ms",
+            unauthenticated_timeout_ms,
+            round(DEFAULT_UNAUTHENTICATED_TIMEOUT_S * 1000),
+            1,
+        )
+        fd_limit, _ = raise_nofile_limit()
+        self.limits = ConnectionLimits(
+            max_connections=resolve_max_connections(
+                max_connections,
+                default=DEFAULT_MAX_CONNECTIONS,
+                floor=max(MIN_CONNECTIONS, 2 * min_replicas),
+                reserve=FD_RESERVE + (STATUS_MAX_CONNECTIONS if http_bind is not None else 0),
+                limit=fd_limit,
+                what="the lighthouse",
+            ),
+            max_unauthenticated_per_peer=max_unauthenticated_per_peer,
+            unauthenticated_timeout_s=unauthenticated_timeout_ms / 1000,
+        )
         self._tick_s = quorum_tick_ms / 1000
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
         self._job_secret = auth.resolve_job_secret(job_secret)
@@ -206,7 +269,12 @@ class LighthouseServer:
         self._tick_task: asyncio.Task[None] | None = None
         self._http: StatusHTTPServer | None = None
         self._stopped = False
-        self._port = run_sync(self._start(bind, max(1000, heartbeat_timeout_ms)), timeout_s=30)
+        self._conn_guard = ConnectionGuard(self.limits, "the lighthouse")
+        try:
+            self._port = run_sync(self._start(bind, max(1000, heartbeat_timeout_ms)), timeout_s=30)
+        except BaseException:
+            self._conn_guard.stop()
+            raise
         self._host = advertised_host(bind_host, hostname)
         if http_bind is not None:
             self._http = StatusHTTPServer(
@@ -214,7 +282,8 @@ class LighthouseServer:
             )
         log.info(
             "lighthouse epoch %s serving on %s (min_replicas=%d, join_timeout_ms=%d, "
-            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d, quorum_lease=%s, committed step %d%s)%s",
+            "quorum_tick_ms=%d, heartbeat_timeout_ms=%d, quorum_lease=%s, max_connections=%d "
+            "(of an open-file limit of %d), committed step %d%s)%s",
             self.epoch,
             self.address(),
             min_replicas,
@@ -222,6 +291,8 @@ class LighthouseServer:
             quorum_tick_ms,
             heartbeat_timeout_ms,
             quorum_lease,
+            self.limits.max_connections,
+            fd_limit,
             self.core.state.committed_step,
             "" if job_state is None else f" from {str(job_state.path)!r}",
             f", status on {self.http_address()}" if self._http else "",
@@ -244,6 +315,7 @@ class LighthouseServer:
             secret=self._job_secret,
             job_id=self.job_id,
             tls_config=self._tls,
+            conn_guard=self._conn_guard,
         )
         await server.start()
         self._server = server
@@ -290,10 +362,8 @@ class LighthouseServer:
             self._tick_task.cancel()
         if self._server is not None:
             await self._server.stop(grace=0.2)
-        try:
-            self.core.flush_job_state()
-        except OSError:
-            log.exception("could not write the job state file at shutdown")
+        self._conn_guard.stop()
+        self.core.flush_job_state()  # a failure is logged there, never raised
 
     def shutdown(self) -> None:
         """Stop serving; pending calls fail with UNAVAILABLE/CANCELLED. Idempotent."""

@@ -31,6 +31,7 @@ from typing import Any
 import grpc
 
 from lighthouse import auth, services, validate, wire
+from lighthouse._conn_guard import ConnectionGuard
 from lighthouse._loop import background_loop, run_sync
 from lighthouse._net import (
     advertised_host,
@@ -39,16 +40,36 @@ from lighthouse._net import (
     normalize_address,
     split_host_port,
 )
+from lighthouse.connection_policy import (
+    DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+    DEFAULT_UNAUTHENTICATED_TIMEOUT_S,
+    ConnectionLimits,
+)
 from lighthouse.errors import FaultToleranceError, QuorumRejectedError
+from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.rounds import QuorumRounds, vote_margin_s
 from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall
 
-__all__ = ["ManagerServer"]
+__all__ = ["FD_RESERVE", "MIN_CONNECTIONS", "ManagerServer", "default_max_connections"]
 
 log = logging.getLogger("lighthouse.manager")
+
+#: File descriptors a manager server keeps free beside its connections: it lives in
+#: a trainer's process, whose store, process groups, heal server and data loaders
+#: need their own.
+FD_RESERVE = 256
+#: The fewest connections a manager server starts with.
+MIN_CONNECTIONS = 8
+
+
+def default_max_connections(world_size: int) -> int:
+    """A manager server's default connection cap: four per rank of its group, at
+    least 64 (each rank holds one channel; half the cap stays free for them
+    whatever strangers hold, the rest covers reconnects and peers' probes)."""
+    return max(64, 4 * world_size)
 
 
 def _exit_process(msg: str) -> None:
@@ -84,6 +105,22 @@ class ManagerServer:
             ``lighthouse.tls``; none set: plaintext): this server serves TLS
             with its certificate, and the link verifies the lighthouse's
             certificate against its CA.
+        max_connections: gRPC connections held at once, from all peers; one
+            past it is closed on arrival. None: ``default_max_connections``
+            (4 per rank, at least 64), or as many as the open-file limit
+            carries if fewer (a warning says so). The soft ``RLIMIT_NOFILE`` is
+            first raised to the hard limit; the cap plus ``FD_RESERVE`` (256)
+            must fit in it, and the cap must be at least twice ``world_size``
+            (the half kept for the group holds every rank) and 8, else
+            ``ValueError`` naming the figures.
+        max_unauthenticated_per_peer: connections one peer address may hold
+            that never authenticated (no call passed the job check on them);
+            the oldest past it are closed. Default 16.
+        unauthenticated_timeout: how long a connection may stay open without
+            authenticating (default 10 s). Connections that never
+            authenticated are also kept to half of ``max_connections`` in all;
+            a flood is logged once when it starts and once when it ends
+            (``lighthouse.connection_policy``).
     """
 
     def __init__(
@@ -103,10 +140,26 @@ class ManagerServer:
         job_secret: str | None = None,
         job_id: str | None = None,
         tls: TlsConfig | None = None,
+        max_connections: int | None = None,
+        max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
+        unauthenticated_timeout: timedelta = timedelta(seconds=DEFAULT_UNAUTHENTICATED_TIMEOUT_S),
     ) -> None:
         validate.check_replica_id(replica_id)
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
+        fd_limit, _ = raise_nofile_limit()
+        self.limits = ConnectionLimits(
+            max_connections=resolve_max_connections(
+                max_connections,
+                default=default_max_connections(world_size),
+                floor=max(MIN_CONNECTIONS, 2 * world_size),
+                reserve=FD_RESERVE,
+                limit=fd_limit,
+                what=f"the manager server of {replica_id!r}",
+            ),
+            max_unauthenticated_per_peer=max_unauthenticated_per_peer,
+            unauthenticated_timeout_s=unauthenticated_timeout.total_seconds(),
+        )
         if quorum_retries < 0:
             raise ValueError(f"quorum_retries must be >= 0, got {quorum_retries}")
         self.replica_id = replica_id
@@ -152,7 +205,12 @@ class ManagerServer:
         )
         self._stopped = False
         self._loop = background_loop()
-        self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
+        self._conn_guard = ConnectionGuard(self.limits, f"the manager server of {replica_id!r}")
+        try:
+            self._port = run_sync(self._start(bind), timeout_s=self._connect_s + 30)
+        except BaseException:
+            self._conn_guard.stop()
+            raise
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _start(self, bind: str) -> int:
@@ -173,6 +231,7 @@ class ManagerServer:
             what="the manager server",
             secret=self._job_secret,
             tls_config=self._tls,
+            conn_guard=self._conn_guard,
         )
         self._server = server
         results = await asyncio.gather(self._link.connect(), server.start(), return_exceptions=True)
@@ -225,6 +284,7 @@ class ManagerServer:
         for q in self._subscribers:
             q.put_nowait(b"")
         await self._server.stop(grace=0.2)
+        self._conn_guard.stop()
         await self._link.close(leave=leave)
 
     def shutdown(self, leave: bool = True) -> None:
