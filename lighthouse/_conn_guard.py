@@ -8,12 +8,16 @@ server's port. So:
 - each server's ``ConnectionGuard.admitted`` is called by ``auth.guard`` with
   every call that passes the job check, and records the call's peer;
 - one scanner thread per process lists the process's sockets every
-  ``SCAN_INTERVAL_S`` seconds (``/proc/self/fd``; a socket is inspected once,
-  through a duplicate of its descriptor, and remembered by inode), gives each
-  guard the connections on its port with whether they authenticated, and
-  shuts down the ones its policy closes. ``shutdown()`` acts on the socket,
-  not the descriptor: gRPC sees the connection end and closes its own
-  descriptor, so nothing here ever closes a descriptor gRPC owns.
+  ``SCAN_INTERVAL_S`` seconds (``/proc/self/fd``, ``fstat`` of each; a socket
+  is inspected once, through a duplicate of its descriptor, and remembered by
+  inode), gives each guard the connections on its port with whether they
+  authenticated, and shuts down the ones its policy closes. ``shutdown()``
+  acts on the socket, not the descriptor: gRPC sees the connection end and
+  closes its own descriptor, so nothing here ever closes a descriptor gRPC
+  owns.
+
+A scan costs about 3 ms per thousand open descriptors, plus about 15 us per
+connection it has not seen before.
 
 On a system without ``/proc/self/fd`` the scanner does nothing (logged once);
 gRPC's own cap and handshake timeout still apply.
@@ -21,10 +25,10 @@ gRPC's own cap and handshake timeout still apply.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -44,14 +48,13 @@ _FD_DIR = "/proc/self/fd"
 
 
 def _normal_ip(host: str) -> str:
-    """``host`` as one canonical text: IPv4-mapped IPv6 as IPv4, zone ids dropped."""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
+    """``host`` as one text for both sources: IPv4-mapped IPv6 as IPv4, zone ids
+    dropped. Both gRPC and the socket module write addresses with ``inet_ntop``, so
+    nothing else differs (string work only: this runs once per new connection)."""
+    host = host.split("%", 1)[0]
+    if host[:7].lower() == "::ffff:" and "." in host:
+        return host[7:]
+    return host
 
 
 def parse_peer(peer: str) -> tuple[str, int] | None:
@@ -101,11 +104,11 @@ def _inspect(fd: int, inode: int) -> _Socket | None:
         ):
             return None
         try:
-            local = sock.getsockname()
-            remote = sock.getpeername()
+            local_port = int(sock.getsockname()[1])
+            host, port = sock.getpeername()[:2]
         except OSError:  # a listener, or not connected
             return None
-        return _Socket(local_port=int(local[1]), peer=_normal_ip(remote[0]), peer_port=remote[1])
+        return _Socket(local_port=local_port, peer=_normal_ip(host), peer_port=port)
 
 
 def _shut(fd: int, inode: int) -> bool:
@@ -142,6 +145,7 @@ class ConnectionGuard:
         # peers of calls that passed the job check, as gRPC writes them; added on the
         # server's event loop, pruned by the scanner (set operations are atomic)
         self._authenticated: set[str] = set()
+        self._parsed: dict[str, tuple[str, int] | None] = {}  # the scanner's, per peer text
 
     def admitted(self, context: Any) -> None:
         """A call on ``context`` passed the job check: its connection authenticated.
@@ -157,10 +161,16 @@ class ConnectionGuard:
         """Stop enforcing (the server is stopping). Idempotent."""
         _scanner.remove(self)
 
-    def _sweep(self, sockets: list[tuple[int, int, _Socket]], now: float) -> None:
-        """Apply the policy to this server's ``sockets`` (fd, inode, socket) (scanner thread)."""
-        seen = set(self._authenticated)
-        authenticated = {p for p in (parse_peer(s) for s in seen) if p is not None}
+    def _sweep(self, sockets: list[tuple[int, int, _Socket]], seen: set[str], now: float) -> None:
+        """Apply the policy to this server's ``sockets`` (fd, inode, socket) (scanner
+        thread). ``seen``: the authenticated peers as copied before the sockets were
+        listed, so a peer recorded later, whose connection the listing may have
+        missed, is kept for the next scan."""
+        parsed = self._parsed
+        current = self._authenticated.copy()  # holds seen: only this thread removes
+        for text in current - parsed.keys():
+            parsed[text] = parse_peer(text)
+        authenticated = {parsed[text] for text in current}
         conns = []
         live = set()
         for _, inode, s in sockets:
@@ -177,9 +187,10 @@ class ConnectionGuard:
         if sweep.info:
             log.info("%s", sweep.info)
         # forget the peers of connections that ended (recorded before this scan began)
-        self._authenticated.difference_update(
-            s for s in seen if (p := parse_peer(s)) is None or p not in live
-        )
+        gone = [text for text in seen if parsed[text] not in live]
+        self._authenticated.difference_update(gone)
+        for text in gone:
+            del parsed[text]
 
 
 def scan_once(guards: list[ConnectionGuard], cache: dict[int, _Socket | None]) -> None:
@@ -187,30 +198,32 @@ def scan_once(guards: list[ConnectionGuard], cache: dict[int, _Socket | None]) -
     guard. ``cache`` (inode -> socket, or None for one that is none of ours) is
     kept between scans and pruned to the sockets still open."""
     by_port: dict[int, list[tuple[int, int, _Socket]]] = {g.port: [] for g in guards}
+    recorded = [g._authenticated.copy() for g in guards]  # before listing: see _sweep
     seen: set[int] = set()
     for name in os.listdir(_FD_DIR):
+        fd = int(name)
         try:
-            link = os.readlink(f"{_FD_DIR}/{name}")
-        except OSError:  # closed meanwhile
+            st = os.fstat(fd)  # a third of readlink's cost, and a socket's inode too
+        except OSError:  # closed meanwhile (or the listing's own descriptor)
             continue
-        if not link.startswith("socket:["):
+        if not stat.S_ISSOCK(st.st_mode):
             continue
-        inode = int(link[8:-1])
+        inode = st.st_ino
         seen.add(inode)
         if inode in cache:
             info = cache[inode]
         else:
-            info = _inspect(int(name), inode)
+            info = _inspect(fd, inode)
             if info is _UNKNOWN:
                 continue
             cache[inode] = info
         if info is not None and info.local_port in by_port:
-            by_port[info.local_port].append((int(name), inode, info))
+            by_port[info.local_port].append((fd, inode, info))
     for inode in [i for i in cache if i not in seen]:
         del cache[inode]
     now = time.monotonic()
-    for g in guards:
-        g._sweep(by_port[g.port], now)
+    for g, authenticated in zip(guards, recorded, strict=True):
+        g._sweep(by_port[g.port], authenticated, now)
 
 
 class _Scanner:
