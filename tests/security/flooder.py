@@ -6,13 +6,13 @@ connections to the gRPC server on 127.0.0.1:P for ``S`` seconds, as a stranger
 would: each sends the HTTP/2 preface and settings, then answers the server's
 settings and keepalive pings (so keepalive never ends it) and never makes a
 call. It also holds ``M`` half-sent HTTP requests on the status port Q. Once a
-second it opens again whatever the servers closed. Nothing here imports
-grpc or torch.
+second it reports what it still holds, then opens again whatever the servers
+closed. Nothing here imports grpc or torch.
 
-Prints one JSON line per second, ``{"t": s, "held": n, "half": m, "opened": total,
-"closed": total}`` (connections it holds, half-sent requests it holds,
-connections it opened and saw closed so far), and a last one with
-``"done": true``.
+The reports are JSON lines, ``{"t": s, "held": n, "half": m, "opened": total,
+"closed": total, "done": bool}``: the connections and half-sent requests that
+lasted since the last report, and the connections opened and seen closed so
+far; the last has ``"done": true``.
 """
 
 from __future__ import annotations
@@ -106,11 +106,20 @@ def main() -> None:
     opened = closed = 0
     start = time.monotonic()
     end = start + a.seconds
-    next_fill = start
-    next_report = start + 1.0
+    tick = start  # once a second: report what survived, then open again up to the counts
+    first = True
     while True:
         now = time.monotonic()
-        if now >= next_fill:  # open again up to the counts
+        if now >= tick:
+            if not first:
+                n_h2 = sum(1 for c in held if c.http2)
+                done = now >= end
+                report = {"t": round(now - start, 2), "held": n_h2, "half": len(held) - n_h2}
+                report.update(opened=opened, closed=closed, done=done)
+                print(json.dumps(report), flush=True)
+                if done:
+                    break
+            first = False
             for http2, want, port in (
                 (True, a.count, a.port),
                 (False, a.half_requests if a.http_port else 0, a.http_port),
@@ -123,19 +132,8 @@ def main() -> None:
                     opened += 1
                     held.add(conn)
                     sel.register(conn.sock, selectors.EVENT_READ, conn)
-            next_fill = time.monotonic() + 1.0
-        if now >= next_report or now >= end:
-            done = now >= end
-            n_h2 = sum(1 for c in held if c.http2)
-            report = {"t": round(now - start, 2), "held": n_h2, "half": len(held) - n_h2}
-            print(
-                json.dumps({**report, "opened": opened, "closed": closed, "done": done}), flush=True
-            )
-            if done:
-                break
-            next_report += 1.0
-        timeout = max(0.0, min(next_fill, next_report, end) - time.monotonic())
-        for key, _ in sel.select(timeout):
+            tick = min(tick + 1.0, end) if tick < end else end
+        for key, _ in sel.select(max(0.0, tick - time.monotonic())):
             conn = key.data
             if not conn.on_readable():
                 sel.unregister(conn.sock)
