@@ -4,13 +4,18 @@ same state file refuses a quorum that would restart the job below it (real gRPC)
 from __future__ import annotations
 
 import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lighthouse import LighthouseClient, QuorumTimeoutError
+from lighthouse import LighthouseClient, LighthouseServer, QuorumTimeoutError
 from lighthouse.coordinator.cli import state_file_for
 from tests.integration.lh_fixtures import lighthouse
 
@@ -105,3 +110,35 @@ def test_command_line_state_file_default_is_per_port() -> None:
     assert state_file_for("auto", "127.0.0.1:0") is None
     assert state_file_for("none", "[::]:29510") is None
     assert state_file_for("/var/lib/lh.json", "[::]:1") == "/var/lib/lh.json"
+
+
+def _state_error_when(lh: LighthouseServer, pred: Callable[[Any], bool]) -> Any:
+    """``/status``'s ``job_state_error`` once ``pred`` holds of it (asked every
+    20 ms, for at most 5 s: the lighthouse's tick writes every 100 ms)."""
+    deadline = time.monotonic() + 5
+    while not pred(error := lh.status()["job_state_error"]):
+        assert time.monotonic() < deadline, f"job_state_error stayed {error!r}"
+        threading.Event().wait(0.02)
+    return error
+
+
+def test_a_state_file_that_cannot_be_written_fails_no_quorum_and_shows_on_status(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "state"
+    state = directory / "job.json"
+    with lighthouse(min_replicas=1, join_timeout_ms=0, state_file=state) as lh:
+        assert _ask(lh.address(), "a", 1, 5) == ["a"]
+        assert lh.status()["job_state_error"] is None
+        shutil.rmtree(directory)
+        directory.write_text("not a directory")  # every write fails from here on
+        for step in range(2, 6):  # each quorum records a higher step: none fails
+            assert _ask(lh.address(), "a", step, 5) == ["a"]
+        # writes are throttled (the tick writes what was held back): wait for one
+        error = _state_error_when(lh, lambda e: e is not None)
+        assert error["failed_writes"] >= 1 and "File exists" in error["error"], error
+        assert lh.status()["committed_step"] == 5  # kept in memory
+        directory.unlink()
+        assert _ask(lh.address(), "a", 6, 5) == ["a"]
+        _state_error_when(lh, lambda e: e is None)  # written again
+    assert json.loads(state.read_text())["committed_step"] == 6

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from lighthouse import LighthouseServer, ManagerServer
 from lighthouse.fd_limit import connections_that_fit, resolve_max_connections
 from tests.integration.lh_fixtures import ROOT
 
@@ -76,3 +77,31 @@ def test_the_soft_limit_is_raised_to_the_hard_one_once_and_logged(
     raised = f", raised from {soft}" if soft != hard else ""
     level = "INFO" if hard > 1024 else "WARNING"  # 1024 is the usual soft limit: worth a warning
     assert logged == [f"{level} open-file limit (RLIMIT_NOFILE): {hard}{raised} (hard {hard})"]
+
+
+def test_servers_refuse_caps_that_cannot_hold_their_replicas_before_binding() -> None:
+    with pytest.raises(ValueError, match=r"max_connections must be >= 16, got 8"):
+        LighthouseServer(bind="127.0.0.1:0", min_replicas=8, max_connections=8)
+    with pytest.raises(ValueError, match=r"manager server of 'r:1'.*must be >= 16, got 8"):
+        ManagerServer("r:1", "127.0.0.1:1", bind="127.0.0.1:0", world_size=8, max_connections=8)
+
+
+def test_the_command_line_refuses_a_cap_the_limit_cannot_carry() -> None:
+    _, our_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if our_hard != resource.RLIM_INFINITY and our_hard < 1024:
+        pytest.skip(f"this process's hard RLIMIT_NOFILE {our_hard} is below 1024")
+    limited = (
+        "import os, resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024)); "
+        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+    )
+    args = ["-m", "lighthouse", "--bind", "127.0.0.1:0", "--max-connections", "5000"]
+    proc = subprocess.run(
+        [sys.executable, "-c", limited, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "max_connections=5000 does not fit: RLIMIT_NOFILE is 1024" in proc.stderr, proc.stderr
