@@ -268,15 +268,32 @@ def test_forged_dtensor_layouts_are_refused(
         decode_skeleton(forged(mesh, change))
 
 
-def test_a_mesh_on_a_process_group_this_process_lacks_is_a_recovery_error(
+def test_a_mesh_under_another_group_name_is_rebuilt_on_this_process_group(
     mesh: DeviceMesh,
 ) -> None:
+    # Replica groups whose default group was made with `_ranks` name their groups
+    # by a hash of global ranks: the sender's names never exist at the receiver.
     sd = {"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)])}
     packed = pack(sd, 1)
-    data = forged(mesh, _set(("meshes", 0, 4), ["no-such-group"]))
-    skeleton = decode_skeleton(data)
+    skeleton = decode_skeleton(forged(mesh, _set(("meshes", 0, 4), ["14e19eea8201d2e3"])))
+    got = unpack(skeleton, packed.blobs)["d"]
+    assert isinstance(got, DTensor) and got.device_mesh == mesh
+    assert got.device_mesh.get_group(0).group_name == mesh.get_group(0).group_name
+    assert torch.equal(got.to_local(), sd["d"].to_local())
+
+
+def test_a_mesh_this_process_has_no_group_for_is_a_recovery_error(mesh: DeviceMesh) -> None:
+    sd = {"d": distribute_tensor(torch.randn(6), mesh, [Shard(0)])}
+    packed = pack(sd, 1)
+
+    def two_ranks(doc: dict[str, Any]) -> None:
+        doc["meshes"][0][1:3] = [[2], [0, 1]]
+        doc["meshes"][0][4] = ["no-such-group"]
+
+    skeleton = decode_skeleton(forged(mesh, two_ranks))
     with pytest.raises(
-        RecoveryError, match=r"DTensor at \('d',\): .*process group 'no-such-group'"
+        RecoveryError,
+        match=r"DTensor at \('d',\): .*process group 'no-such-group'.* ranks \[0, 1\]",
     ):
         unpack(skeleton, packed.blobs)
 

@@ -3,13 +3,15 @@
 The sender describes each DTensor's layout in plain JSON next to its local
 shard; a receiver with no DTensor of its own at that path rebuilds one from
 the description: the same device type, mesh ranks and dimension names, the
-same placements, global shape and stride, on the process groups of the same
-names in the receiver's process. Replica groups build their meshes the same
-way, so the names a sender's mesh uses (c10d's ``group_name``: ``"0"`` for the
-default group, a counter or a registered name otherwise) name the matching
-groups of the receiver. Nothing is unpickled and nothing of the sender's
-process is assumed beyond those names: a name this process does not have is a
-`RecoveryError` naming it.
+same placements, global shape and stride, on the receiver's own equivalent
+process groups: the group of the sender's name (c10d's ``group_name``: ``"0"``
+for the default group, a counter or a registered name) when the receiver has
+it with the members the mesh needs there, else the receiver's group of exactly
+those members (replica groups whose default group was made with ``_ranks``
+name every group by a hash of global ranks, so no name matches across
+groups). Nothing is unpickled and nothing of the sender's process is assumed
+beyond the mesh's shape, ranks and dimension names: a mesh this process has no
+groups for is a `RecoveryError` naming it.
 
 A mesh sliced out of a bigger one by dimension names (``mesh["shard"]``) is
 sent as that bigger mesh plus the names to slice, so the rebuilt mesh is the
@@ -397,16 +399,77 @@ def _build_mesh(spec: MeshSpec) -> DeviceMesh:
 
 
 def _group(name: str, dim: int, spec: MeshSpec) -> Any:
+    """This process's group for dimension `dim` of `spec`: the group of the
+    sender's name if it has the members this rank's coordinate needs along
+    `dim`, else the group of this process that has exactly those members.
+
+    Replica groups whose default group was created with ``_ranks`` (as
+    torchtitan's trainer does) name their groups by a hash of their global
+    ranks, so the sender's names never exist in the receiver; the receiver's
+    own mesh over the same (group-local) ranks is the equivalent one.
+    """
     from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
 
+    members = _members_along(spec, dim)
     try:
-        return _resolve_process_group(GroupName(name))
-    except RuntimeError as exc:
-        raise RecoveryError(
-            f"its {spec} uses process group {name!r} for dimension {dim}, which this process "
-            "does not have; build the same mesh before receiving, or pass a state_dict "
-            "template holding a DTensor there to receive into it"
-        ) from exc
+        group = _resolve_process_group(GroupName(name))
+    except RuntimeError:
+        group = None
+    if group is not None and (members is None or _ranks_of(group) == members):
+        return group
+    equivalent = _group_with_members(members, spec, dim) if members is not None else None
+    if equivalent is not None:
+        return equivalent
+    raise RecoveryError(
+        f"its {spec} uses process group {name!r} for dimension {dim}, which this process "
+        f"does not have, nor another group of the ranks {members} it needs there; build the "
+        "same mesh before receiving, or pass a state_dict template holding a DTensor there "
+        "to receive into it"
+    )
+
+
+def _members_along(spec: MeshSpec, dim: int) -> list[int] | None:
+    """The ranks of `spec`'s dimension `dim` through this rank's coordinate (None
+    if this rank is not in the mesh)."""
+    import torch.distributed as dist
+
+    ranks = torch.tensor(spec.ranks).reshape(spec.shape)
+    where = (ranks == dist.get_rank()).nonzero()
+    if where.numel() == 0:
+        return None
+    index: list[Any] = [int(i) for i in where[0]]
+    index[dim] = slice(None)
+    return [int(r) for r in ranks[tuple(index)].tolist()]
+
+
+def _ranks_of(group: Any) -> list[int] | None:
+    import torch.distributed as dist
+
+    try:
+        return [int(r) for r in dist.get_process_group_ranks(group)]
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _group_with_members(members: list[int], spec: MeshSpec, dim: int) -> Any:
+    """A group of this process created by c10d (never a fault-tolerant one, which
+    spans replica groups) whose ranks, in group-rank order, are `members`;
+    preferring the one DeviceMesh made for this dimension's name."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from torchft_pg.process_group._c10d_tables import is_ours
+
+    candidates = [
+        g for g in list(c10d._world.pg_names) if not is_ours(g) and _ranks_of(g) == members
+    ]
+    if not candidates:
+        return None
+    if spec.dim_names is not None:
+        desc = f"mesh_{spec.dim_names[dim]}"
+        for g in candidates:
+            if getattr(g, "group_desc", None) == desc:
+                return g
+    return candidates[0]
 
 
 def _to_placement(p: Placement) -> Any:
