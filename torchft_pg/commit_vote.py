@@ -2,7 +2,8 @@
 the step is discarded everywhere.
 
 `CommitVote.should_commit` is `Manager.should_commit`: it waits for the
-step's quorum and its in-flight collectives, casts this rank's vote
+step's quorum and its in-flight collectives, runs a heal an asynchronous
+quorum left for the vote (`QuorumRound.heal_at_vote`), casts this rank's vote
 (`participation.local_vote`), lets the manager server combine the group's
 votes, settles a heal received this step (`QuorumRound.settle_heal`) and
 moves the counters (`StepCounters.settle`).
@@ -75,6 +76,7 @@ class CommitVote:
             self._report_error(e)
         # the step's collectives nobody waited on (e.g. per-parameter hooks) end first
         self._notices.wait_inflight(self._timeout.total_seconds())
+        self._round.heal_at_vote()  # asynchronous quorum: after the collectives, before the vote
         pg_error = self._pg.errored()
         if pg_error is not None:
             self._report_error(pg_error)

@@ -9,10 +9,26 @@ the Manager's quorum thread: reconfigure the process group on a new quorum,
 then heal (serve the state, or receive it). The received state is loaded
 only when the step commits (`settle_heal`), or at once with a synchronous
 quorum (`apply_pending_state`). `QuorumTimings` says where a round's time went.
+
+Where the heal runs depends on the quorum. With a synchronous quorum the
+training thread waits in `start_quorum` while the quorum thread heals, so
+the user's state is read (or loaded) while nothing else uses it. With an
+asynchronous quorum the training thread runs the step's forward and
+backward meanwhile, and reading a model's state then is unsafe: FSDP2's
+``state_dict()`` reshards the parameters a forward has just unsharded, and
+that forward fails. So the heal waits for the vote (`heal_at_vote`, on the
+training thread, after the step's collectives, before the vote): outside
+forward and backward, and in the same place on both sides, so a transport
+that moves the state over the process group (`PGTransport`) orders its
+transfer after the step's allreduces on sender and healer alike. A healer
+contributes zeros to those allreduces, so nothing waits for its heal. A
+source's snapshot served at one vote stays served until its next vote, so a
+healer fetching at its own vote never finds it closed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -115,6 +131,10 @@ class QuorumRound:
         # What this rank's latest heal moved, for the lighthouse: sent once, with
         # the next quorum request (None: nothing to report).
         self._heal_report: HealReport | None = None
+        # Asynchronous quorum: this step's heal, run by `heal_at_vote` (None: none).
+        self._deferred_heal: tuple[QuorumResult, QuorumPlan, timedelta] | None = None
+        # A snapshot served at this step's vote, kept served until the next vote.
+        self._served_at_vote = False
 
     # -- the caller's side ---------------------------------------------------------
     @property
@@ -146,6 +166,7 @@ class QuorumRound:
             self.step_time_ms = (now - self._last_start) * 1000.0
         self._last_start = now
         self.healing = False
+        self._deferred_heal = None
         self._counters.begin_quorum()
         self._notices.quorum_requested()
         client = connect()
@@ -234,9 +255,15 @@ class QuorumRound:
         configure_s = self._take(result, plan)
         heal_s = 0.0
         if configure_s is not None and plan.heals:
-            start = time.perf_counter()
-            self._heal(result, plan, timeout)
-            heal_s = time.perf_counter() - start
+            if self._use_async_quorum:  # the training thread heals at the vote
+                self._deferred_heal = (result, plan, timeout)
+                self.healing = plan.receive_heal
+                if plan.receive_heal:
+                    self._counters.healing_to = plan.heal_step
+            else:
+                start = time.perf_counter()
+                self._heal(result, plan, timeout)
+                heal_s = time.perf_counter() - start
         self.timings = QuorumTimings(quorum_s, configure_s or 0.0, heal_s)
 
     def _take(self, result: QuorumResult, plan: QuorumPlan) -> float | None:
@@ -293,6 +320,20 @@ class QuorumRound:
         except Exception as e:
             self._report_error(RecoveryError(f"healing at step {plan.heal_step} failed: {e}"))
 
+    def heal_at_vote(self) -> None:
+        """Asynchronous quorum: serve or receive this step's heal now, on the
+        training thread, before the vote (see the module docstring). A failure
+        is reported: the step votes no."""
+        deferred, self._deferred_heal = self._deferred_heal, None
+        if deferred is None:
+            return
+        result, plan, timeout = deferred
+        start = time.perf_counter()
+        self._heal(result, plan, timeout)
+        self._served_at_vote = plan.send_heal
+        if self.timings is not None:
+            self.timings = dataclasses.replace(self.timings, heal_s=time.perf_counter() - start)
+
     def apply_pending_state(self) -> None:
         """Synchronous quorum: load a received state now, before the step runs."""
         if self._healer.has_pending():
@@ -312,7 +353,10 @@ class QuorumRound:
         step on a state its group never committed to. Raises RecoveryError if
         the group committed but loading failed here: this rank cannot follow.
         """
-        self._healer.transport.disallow_checkpoint()
+        if self._served_at_vote:  # healers fetch at their own vote: keep it until the next
+            self._served_at_vote = False
+        else:
+            self._healer.transport.disallow_checkpoint()
         healed = self._counters.take_healed()
         if committed and self._healer.has_pending():
             try:

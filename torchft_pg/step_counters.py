@@ -38,7 +38,9 @@ class StepCounters:
     `commit_failures`: failed commits in a row (sent with each quorum request,
     so the lighthouse issues a new quorum id after one). `quorum_step`: the
     step this rank sent with its latest quorum request, the one it votes on.
-    `healed`: the counters a heal received this step, not yet committed.
+    `healed`: the counters a heal received this step, not yet committed;
+    `healing_to`: the step a heal still to be received this step brings
+    (an asynchronous quorum receives it at the vote).
     """
 
     step: int = 0
@@ -46,20 +48,26 @@ class StepCounters:
     commit_failures: int = 0
     quorum_step: int = 0
     healed: dict[str, int] | None = None
+    healing_to: int | None = None
 
     def current_step(self) -> int:
-        """The step this rank is at: a received heal's step until the vote settles it."""
+        """The step this rank is at: a heal's step (received, or to be received
+        this step) until the vote settles it."""
         healed = self.healed
-        return self.step if healed is None else healed["step"]
+        if healed is not None:
+            return healed["step"]
+        return self.step if self.healing_to is None else self.healing_to
 
     def begin_quorum(self) -> None:
         """A new quorum is requested for the current committed step."""
         self.healed = None
+        self.healing_to = None
         self.quorum_step = self.step
 
     def take_healed(self) -> dict[str, int] | None:
         """The heal's counters (None if nothing healed), cleared for the vote to settle."""
         healed, self.healed = self.healed, None
+        self.healing_to = None
         return healed
 
     def settle(self, committed: bool, participants: int, healed: dict[str, int] | None) -> None:

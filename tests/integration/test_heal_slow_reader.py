@@ -156,16 +156,17 @@ def test_a_source_managers_commit_does_not_wait_for_a_slow_healer(
     manager.register_state_dict_fn("model", lambda s: None, lambda: model)
     try:
         manager.start_quorum()
-        manager.wait_quorum()  # serving step 0 now
+        manager.wait_quorum()
         assert manager.errored() is None
         # The source serves only the healers its quorum named: replica rank 1 of it.
         epoch, quorum_id = manager.quorum_id()
         healer.set_quorum(f"{epoch}/{quorum_id}", 1)
         with slow.threads(2) as pool:
             got = pool.submit(healer.recv_checkpoint, 0, source.metadata(), 0, LONG)
-            assert slow.started.wait(PROMPT_S)
+            # An asynchronous quorum serves at the vote (the healer waits for it).
             commit = pool.submit(manager.should_commit)
             assert commit.result(timeout=PROMPT_S) is True
+            assert slow.started.wait(PROMPT_S)
             assert not got.done(), "the healer is still parked: the commit did not wait for it"
             for v in model.values():  # optimizer.step() after a successful commit
                 v.add_(1.0)

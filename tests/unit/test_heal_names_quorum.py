@@ -35,6 +35,8 @@ def test_a_source_names_its_quorum_before_serving() -> None:
     manager, *_ = make([result(quorum_id=4, replica_rank=0, dst=[1, 2])], transport=transport)
     manager.start_quorum()
     manager.wait_quorum()
+    assert transport.calls == []  # an asynchronous quorum heals at the vote
+    manager.should_commit()
     assert transport.calls == ["set_quorum", "send"]
     epoch = manager.quorum_id()[0]
     assert transport.quorums == [(f"{epoch}/4", 0)]
@@ -49,7 +51,7 @@ def test_a_healer_names_its_quorum_and_rank_before_receiving() -> None:
         transport=transport,
     )
     manager.start_quorum()
-    manager.wait_quorum()
+    manager.should_commit()
     assert transport.calls == ["set_quorum", "recv"]
     epoch = manager.quorum_id()[0]
     assert transport.quorums == [(f"{epoch}/9", 2)]

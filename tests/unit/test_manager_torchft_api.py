@@ -30,7 +30,7 @@ def test_state_dict_registration_takes_torchfts_keywords() -> None:
     with pytest.raises(ValueError, match="'model'"):
         manager.register_state_dict_fn("model", seen.append, lambda: 0)
     manager.start_quorum()
-    manager.wait_quorum()
+    assert manager.should_commit()  # an asynchronous quorum serves at the vote
     assert transport.sent[0][2]["user"] == {"model": {"w": 1}, "default": {"v": 2}}
     manager.shutdown()
 
@@ -54,7 +54,7 @@ def test_a_heal_send_waits_while_state_dict_reads_are_disallowed() -> None:
     sent = threading.Event()
 
     def wait_then_signal() -> None:
-        manager.wait_quorum()
+        manager.should_commit()  # an asynchronous quorum serves at the vote
         sent.set()
 
     waiter = threading.Thread(target=wait_then_signal)
@@ -72,12 +72,11 @@ def test_a_heal_send_disallowed_past_the_timeout_fails_the_step_not_the_job() ->
     manager, _, transport, _ = make([result(dst=[1])], timeout=timedelta(milliseconds=200))
     manager.disallow_state_dict_read()
     manager.start_quorum()
-    manager.wait_quorum()
+    assert manager.should_commit() is False
     errored = manager.errored()
     assert errored is not None and isinstance(errored.original_exception, RecoveryError)
     assert "disallow_state_dict_read" in str(errored)
     assert transport.sent == []
-    assert manager.should_commit() is False
     manager.shutdown()
 
 
@@ -92,6 +91,8 @@ def test_disallow_waits_for_a_send_reading_the_state() -> None:
 
     manager, _, transport, _ = make([result(dst=[1])], transport=SlowTransport())
     manager.start_quorum()
+    voter = threading.Thread(target=manager.should_commit)  # serves at the vote
+    voter.start()
     assert reading.wait(5.0)
     disallowed = threading.Event()
 
@@ -105,7 +106,7 @@ def test_disallow_waits_for_a_send_reading_the_state() -> None:
     release.set()
     assert disallowed.wait(5.0)
     t.join()
-    manager.wait_quorum()
+    voter.join(timeout=5.0)
     assert len(transport.sent) == 1
     manager.allow_state_dict_read()
     manager.shutdown()
