@@ -79,6 +79,26 @@ def test_init_sync_forces_recovery_from_the_primary_on_a_fresh_job() -> None:
     assert not any(r.heal for r in res)
 
 
+@pytest.mark.parametrize("group_rank", [0, 1, 2])
+def test_init_sync_heals_every_group_rank_from_the_same_replica(group_rank: int) -> None:
+    # Fresh replicas hold different initial states: a group must not take its
+    # shards from two of them.
+    q = quorum([0, 0, 0])
+    res = [compute_quorum_result(q, f"r{i}", group_rank, init_sync=True) for i in range(3)]
+    assert [r.recover_src_replica_rank for r in res] == [None, 0, 0]
+    assert res[0].recover_dst_replica_ranks == [1, 2]
+    assert res[group_rank].store_address == f"store{group_rank}:2"  # store load still spread
+
+
+def test_replicas_healing_at_step_0_are_not_counted_among_the_participants() -> None:
+    # They contribute zeros to the step: counting them would shrink its average.
+    q = quorum([0, 0, 0])
+    res = [compute_quorum_result(q, f"r{i}", 0, init_sync=True) for i in range(3)]
+    assert [(r.max_replica_rank, r.max_world_size) for r in res] == [(0, 1), (None, 1), (None, 1)]
+    res = [compute_quorum_result(q, f"r{i}", 0, init_sync=False) for i in range(3)]
+    assert [(r.max_replica_rank, r.max_world_size) for r in res] == [(0, 3), (1, 3), (2, 3)]
+
+
 def test_commit_failures_is_the_max_over_participants() -> None:
     assert compute_quorum_result(quorum([1, 1], [0, 3]), "r0", 0).commit_failures == 3
 
