@@ -2,17 +2,31 @@
 PY ?= .venv/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install install-browser demo test test-slow test-browser lint bench proto clean
+.PHONY: install install-torchft-compat install-test-extras install-browser demo test test-slow test-browser lint bench proto clean
 
 install:  ## create .venv with pinned CPU torch and the project (editable, dev extras)
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --disable-pip-version-check torch==$(TORCH_VERSION)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 
+install-torchft-compat:  ## opt-in: the import name `torchft` and `torchft_lighthouse`, served by torchft_pg
+	@if $(PY) -m pip show -q torchft >/dev/null 2>&1 || $(PY) -m pip show -q torchft-nightly >/dev/null 2>&1; then \
+		echo "a real torchft is installed in .venv; torchft-pg-compat would replace its import name." >&2; \
+		echo "uninstall it first (.venv/bin/pip uninstall torchft torchft-nightly), or keep torchft and skip this." >&2; \
+		exit 1; fi
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e compat/torchft
+
+# Test-only packages: torchtitan's fault-tolerance modules and the three modules they
+# import. --no-deps: they must never change torch (tests/torchtitan refuses to run if it did).
+TEST_EXTRAS = torchtitan==0.3.0 tyro==1.0.17 spmd_types==0.2.3 torchdata==0.11.0
+install-test-extras: install-torchft-compat  ## test-only packages (torchtitan), never touching torch
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(TEST_EXTRAS)
+	$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH_VERSION)' else 'torch changed to ' + v)"
+
 demo:  ## the fault-tolerance demo (see README)
 	PYTHONUNBUFFERED=1 $(PY) examples/demo.py
 
-test:  ## the full CI suite: unit, integration and the short chaos plan (no browser)
+test: install-test-extras  ## the full CI suite: unit, integration, torchtitan and the short chaos plan (no browser)
 	$(PY) -m pytest -q -rs -m "not slow and not browser" tests
 
 install-browser:  ## headless Chromium for `make test-browser` (Debian package; needs root)
@@ -21,10 +35,10 @@ install-browser:  ## headless Chromium for `make test-browser` (Debian package; 
 test-browser:  ## the dashboard rendered by headless Chromium (tests/browser; skips without chromium)
 	$(PY) -m pytest -q -rs -m browser tests/browser
 
-test-slow:  ## long soak runs (100 kills)
+test-slow: install-test-extras  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests
 
-LINTED = ft_errors torchft_pg lighthouse tests bench examples
+LINTED = ft_errors torchft_pg lighthouse tests bench examples compat
 
 lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs them
 	$(PY) -m ruff check $(LINTED)
