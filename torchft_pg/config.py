@@ -17,15 +17,170 @@ Each setting: its environment variable, unit and default.
                                           interface, ``::`` and ``0.0.0.0``, so other machines can
                                           heal from it)
 Explicit constructor arguments win over the environment.
+
+The Manager's timeouts follow torchft's precedence instead: each variable,
+when set, overrides the constructor's argument (`ManagerTimeouts.resolve`).
+- timeout          TORCHFT_TIMEOUT_SEC          s, each collective, heal transfer and vote (60)
+- quorum_timeout   TORCHFT_QUORUM_TIMEOUT_SEC   s, one quorum round (60)
+- connect_timeout  TORCHFT_CONNECT_TIMEOUT_SEC  s, reaching a server (60)
+- quorum_retries   TORCHFT_QUORUM_RETRIES       lighthouse calls retried after a failure (0)
+torchft's variables this library reads but has no counterpart for are named
+in a warning at start (`unsupported_variables`).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 
-__all__ = ["ManagerConfig"]
+__all__ = [
+    "TIMEOUT_ENV",
+    "ManagerConfig",
+    "ManagerTimeouts",
+    "timeout_order_warnings",
+    "unsupported_variables",
+]
+
+# Manager argument -> torchft's variable overriding it (in seconds).
+TIMEOUT_ENV = {
+    "timeout": "TORCHFT_TIMEOUT_SEC",
+    "quorum_timeout": "TORCHFT_QUORUM_TIMEOUT_SEC",
+    "connect_timeout": "TORCHFT_CONNECT_TIMEOUT_SEC",
+}
+QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
+
+# torchft's variables with no counterpart here, and what to use instead.
+_UNSUPPORTED = {
+    "TORCHFT_USE_OTEL": "torchft_pg exports no OpenTelemetry logs; the lighthouse serves "
+    "Prometheus metrics at /metrics and every quorum, commit and error on /status",
+    "TORCHFT_OTEL_RESOURCE_ATTRIBUTES_JSON": "see TORCHFT_USE_OTEL",
+    "TORCHFT_WATCHDOG_TIMEOUT_SEC": "torchft_pg's deadlines run on one thread that a stuck "
+    "callback cannot hold up, so there is no watchdog to time",
+}
+
+
+def unsupported_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One line per torchft variable set in `env` that has no effect here."""
+    env = os.environ if env is None else env
+    return [
+        f"{name} is set but has no effect: {why}"
+        for name, why in _UNSUPPORTED.items()
+        if name in env
+    ]
+
+
+def _seconds(where: str, value: object) -> timedelta:
+    """`value` (a timedelta or a number of seconds) as a positive, finite timedelta."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{where} must be a positive number of seconds, got {value!r}")
+        return timedelta(seconds=value)
+    if isinstance(value, timedelta):
+        if value <= timedelta(0):
+            raise ValueError(f"{where} must be positive, got {value} ({value.total_seconds()} s)")
+        return value
+    raise TypeError(f"{where} must be a timedelta or a number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ManagerTimeouts:
+    """The Manager's timeouts and quorum retries, after torchft's variables."""
+
+    timeout: timedelta
+    quorum_timeout: timedelta
+    connect_timeout: timedelta
+    quorum_retries: int
+
+    @classmethod
+    def resolve(
+        cls,
+        *,
+        timeout: timedelta | float,
+        quorum_timeout: timedelta | float,
+        connect_timeout: timedelta | float,
+        quorum_retries: int,
+        env: Mapping[str, str] | None = None,
+    ) -> ManagerTimeouts:
+        """Each of torchft's variables, when set in `env` (default: os.environ),
+        overrides its argument (torchft's precedence). Raises ValueError or
+        TypeError naming the argument or variable and what arrived."""
+        env = os.environ if env is None else env
+        given = {
+            "timeout": timeout,
+            "quorum_timeout": quorum_timeout,
+            "connect_timeout": connect_timeout,
+        }
+        out: dict[str, timedelta] = {}
+        for name, value in given.items():
+            var = TIMEOUT_ENV[name]
+            text = env.get(var)
+            if text is None:
+                out[name] = _seconds(f"Manager({name}=...)", value)
+                continue
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ValueError(f"{var} must be a number of seconds, got {text!r}") from None
+            out[name] = _seconds(var, seconds)
+        retries_text = env.get(QUORUM_RETRIES_ENV)
+        if retries_text is not None:
+            try:
+                quorum_retries = int(retries_text)
+            except ValueError:
+                raise ValueError(
+                    f"{QUORUM_RETRIES_ENV} must be an integer >= 0, got {retries_text!r}"
+                ) from None
+            where = QUORUM_RETRIES_ENV
+        else:
+            where = "Manager(quorum_retries=...)"
+        if (
+            isinstance(quorum_retries, bool)
+            or not isinstance(quorum_retries, int)
+            or quorum_retries < 0
+        ):
+            raise ValueError(f"{where} must be an integer >= 0, got {quorum_retries!r}")
+        return cls(quorum_retries=quorum_retries, **out)
+
+
+def timeout_order_warnings(
+    *,
+    timeout: timedelta,
+    quorum_timeout: timedelta,
+    pg_timeout: timedelta | None,
+    group_timeout: timedelta | None,
+) -> list[str]:
+    """Why these timeouts would make the wrong layer report a fault (one line each).
+
+    `timeout`/`quorum_timeout`: the Manager's; `pg_timeout`: the fault-tolerant
+    process group's own op timeout (None: unknown); `group_timeout`: the
+    timeout of the replica group's own default process group (FSDP, TP inside
+    the group; None: no default group).
+    """
+    out = []
+    if pg_timeout is not None and pg_timeout > timeout:
+        out.append(
+            f"the process group's op timeout ({pg_timeout.total_seconds():g} s) exceeds the "
+            f"Manager's timeout ({timeout.total_seconds():g} s): a stuck collective is "
+            "abandoned by the Manager as a plain timeout before the process group reports "
+            "which operation failed; give the process group the shorter timeout"
+        )
+    if group_timeout is not None:
+        op = min(timeout, pg_timeout) if pg_timeout is not None else timeout
+        bound = op + quorum_timeout
+        if group_timeout <= bound:
+            out.append(
+                f"the replica group's own process group times out after "
+                f"{group_timeout.total_seconds():g} s, within the "
+                f"{op.total_seconds():g} s a cross-replica collective and the "
+                f"{quorum_timeout.total_seconds():g} s a quorum may take: while a peer replica "
+                "hangs, this group's ranks waiting on each other would be aborted by their own "
+                "watchdog, a healthy group killed for another's fault; give the default group "
+                f"more than {bound.total_seconds():g} s (init_process_group(timeout=...))"
+            )
+    return out
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,15 @@ from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import ManagerClient, ManagerClientProtocol
+from torchft_pg._torch_internals import default_group_timeout
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
 from torchft_pg.commit_vote import CommitVote
-from torchft_pg.config import ManagerConfig
+from torchft_pg.config import (
+    ManagerConfig,
+    ManagerTimeouts,
+    timeout_order_warnings,
+    unsupported_variables,
+)
 from torchft_pg.errors import ExceptionWithTraceback
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.gradient_sync import GradientSync
@@ -57,6 +63,7 @@ from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 from torchft_pg.notices import NoticeRouter
 from torchft_pg.participation import WorldSizeMode
 from torchft_pg.process_group.base import ProcessGroup
+from torchft_pg.process_group.wrapper import ProcessGroupWrapper
 from torchft_pg.quantization import Quantization
 from torchft_pg.quorum_round import QuorumRound, QuorumTimings
 from torchft_pg.server_connection import ServerConnection
@@ -73,8 +80,13 @@ T = TypeVar("T")
 class Manager:
     """Drives quorum, reconfiguration, healing and the commit vote for one rank.
 
-    Timeouts: `timeout` bounds each collective, heal transfer and commit vote;
-    `quorum_timeout` the quorum RPC; `connect_timeout` reaching a server.
+    Timeouts (each a `timedelta` or a number of seconds): `timeout` bounds each
+    collective, heal transfer and commit vote; `quorum_timeout` the quorum RPC;
+    `connect_timeout` reaching a server. As in torchft, ``TORCHFT_TIMEOUT_SEC``,
+    ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC`` and
+    ``TORCHFT_QUORUM_RETRIES`` override the arguments when set. A timeout that
+    would make the wrong layer report a fault (see `config.timeout_order_warnings`)
+    is named in a warning.
     `client` (this group's manager server), `connect_manager` (address ->
     client of a healing source's server), `checkpoint_transport` and `clock`
     can be injected: unit tests pass fakes, and then no server or store starts.
@@ -98,9 +110,9 @@ class Manager:
         state_dict: Callable[[], Any] | None = None,
         min_replica_size: int = 1,
         use_async_quorum: bool = True,
-        timeout: timedelta = timedelta(seconds=60),
-        quorum_timeout: timedelta = timedelta(seconds=60),
-        connect_timeout: timedelta = timedelta(seconds=60),
+        timeout: timedelta | float = timedelta(seconds=60),
+        quorum_timeout: timedelta | float = timedelta(seconds=60),
+        connect_timeout: timedelta | float = timedelta(seconds=60),
         rank: int | None = None,
         world_size: int | None = None,
         world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
@@ -123,7 +135,23 @@ class Manager:
             raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
         if max_retries is not None and max_retries < 0:
             raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        timeouts = ManagerTimeouts.resolve(
+            timeout=timeout,
+            quorum_timeout=quorum_timeout,
+            connect_timeout=connect_timeout,
+            quorum_retries=quorum_retries,
+        )
+        timeout, quorum_timeout = timeouts.timeout, timeouts.quorum_timeout
+        connect_timeout, quorum_retries = timeouts.connect_timeout, timeouts.quorum_retries
+        for line in unsupported_variables() + timeout_order_warnings(
+            timeout=timeout,
+            quorum_timeout=quorum_timeout,
+            pg_timeout=pg.timeout if isinstance(pg, ProcessGroupWrapper) else None,
+            group_timeout=default_group_timeout(),
+        ):
+            logger.warning("Manager: %s", line)
         self._pg = pg
+        self.timeouts = timeouts  # what the arguments and torchft's variables resolved to
         self._use_async_quorum = use_async_quorum  # read by semisync.diloco too
         self._timeout = timeout
         self._quorum_timeout = quorum_timeout

@@ -455,13 +455,10 @@ def _group_with_members(members: list[int], spec: MeshSpec, dim: int) -> Any:
     """A group of this process created by c10d (never a fault-tolerant one, which
     spans replica groups) whose ranks, in group-rank order, are `members`;
     preferring the one DeviceMesh made for this dimension's name."""
-    import torch.distributed.distributed_c10d as c10d
-
+    from torchft_pg._torch_internals import c10d_groups
     from torchft_pg.process_group._c10d_tables import is_ours
 
-    candidates = [
-        g for g in list(c10d._world.pg_names) if not is_ours(g) and _ranks_of(g) == members
-    ]
+    candidates = [g for g in c10d_groups() if not is_ours(g) and _ranks_of(g) == members]
     if not candidates:
         return None
     if spec.dim_names is not None:

@@ -69,6 +69,11 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
         self._interrupt_reason = ""
         self._store_lease: StoreLease | None = None  # the current backend's store client
 
+    @property
+    def timeout(self) -> timedelta:
+        """The bound on rendezvous and on every operation (`set_timeout` changes it)."""
+        return self._timeout
+
     # -- hooks -------------------------------------------------------------------
     def _create_pg(self, store: Store, rank: int, world_size: int) -> Any:
         """Build the inner backend for one configuration (a c10d Backend or PG)."""
