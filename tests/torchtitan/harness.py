@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -167,17 +168,45 @@ class Job:
         )
 
 
+@contextmanager
+def torchft_lighthouse(*flags: str) -> Iterator[str]:
+    """torchft's ``torchft_lighthouse`` command (installed by torchft-pg-compat) with
+    `flags`, on an ephemeral loopback port; yields its ``http://host:port``.
+    Killed by its pid on exit."""
+    command = Path(sys.executable).parent / "torchft_lighthouse"
+    proc = subprocess.Popen(
+        [str(command), *flags, "--bind", "127.0.0.1:0", "--http_bind", "none"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # printed once serving; EOF if it failed to start
+        match = re.match(r"lighthouse listening on (http://\S+) ", first)
+        assert match, f"torchft_lighthouse {flags} did not start: {first!r} (rc {proc.poll()})"
+        yield match.group(1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
 def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @contextmanager
 def job(
-    lighthouse: str, mode: str, groups: int, extra_args: list[str] | None = None
+    lighthouse: str,
+    mode: str,
+    groups: int,
+    extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[Job]:
-    """A `Job`; every rank still running at exit is SIGKILLed by its pid."""
+    """A `Job` (`env`: more variables for every rank); every rank still running at
+    exit is SIGKILLed by its pid."""
     with tempfile.TemporaryDirectory() as tmp:
-        j = Job(lighthouse, mode, groups, new_store(), Path(tmp), extra_args or [])
+        j = Job(lighthouse, mode, groups, new_store(), Path(tmp), extra_args or [], env or {})
         try:
             yield j
         except BaseException:

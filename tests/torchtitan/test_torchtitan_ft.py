@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lighthouse import LighthouseServer
-from tests.torchtitan.harness import GROUP_SIZE, Job, job
+from tests.torchtitan.harness import GROUP_SIZE, Job, job, torchft_lighthouse
 from tests.torchtitan.titan_worker import replay
 
 pytestmark = pytest.mark.timeout(600)
@@ -79,28 +79,30 @@ def test_fault_free_hsdp_groups_end_bit_identical_and_the_loss_falls(
             )
 
 
-@pytest.fixture
-def lighthouse_for_one() -> Iterator[LighthouseServer]:
-    """torchtitan's README lighthouse: ``--min_replicas 1 --join_timeout_ms 10000``."""
-    server = LighthouseServer(
-        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=10_000, http_bind=None
-    )
-    try:
-        yield server
-    finally:
-        server.shutdown()
-
-
 def is_step(replica: int, pred: Any = lambda e: True) -> Any:
     return lambda e: e.get("event") == "step" and e["replica"] == replica and pred(e)
 
 
-def test_a_killed_group_restarts_heals_and_ends_identical_while_survivors_commit(
-    lighthouse_for_one: LighthouseServer,
-) -> None:
-    with job(lighthouse_for_one.address(), "hsdp", GROUPS, ["--steps", "100000"]) as j:
+# torchft's timeout variables, as a torchtitan user sets them
+TORCHFT_ENV = {
+    "TORCHFT_TIMEOUT_SEC": "30",
+    "TORCHFT_QUORUM_TIMEOUT_SEC": "45",
+    "TORCHFT_CONNECT_TIMEOUT_SEC": "20",
+    "TORCHFT_QUORUM_RETRIES": "1",
+}
+
+
+def test_a_killed_group_restarts_heals_and_ends_identical_while_survivors_commit() -> None:
+    # torchtitan README's lighthouse command, as torchft's own command line
+    flags = ("--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000")
+    with (
+        torchft_lighthouse(*flags) as address,
+        job(address, "hsdp", GROUPS, ["--steps", "100000"], TORCHFT_ENV) as j,
+    ):
         for replica in range(GROUPS):
             j.start_group(replica)
+        ready = j.wait_for(lambda e: e.get("event") == "ready", "a rank to start")
+        assert ready["timeouts"] == [30.0, 45.0, 20.0, 1]  # the variables won
         j.wait_for(
             is_step(1, lambda e: e["committed"] >= 3 and e["participants"] == 2),
             "both groups committing together",

@@ -245,7 +245,19 @@ def main() -> int:
             optimizer=optimizers,
             fragment_fn=fragment_llm if args.mode == "diloco" else None,
         )
-        emit(event="ready", replica=replica, rank=group_rank, dp_degree=dp_degree)
+        timeouts = manager.timeouts
+        emit(
+            event="ready",
+            replica=replica,
+            rank=group_rank,
+            dp_degree=dp_degree,
+            timeouts=[
+                timeouts.timeout.total_seconds(),
+                timeouts.quorum_timeout.total_seconds(),
+                timeouts.connect_timeout.total_seconds(),
+                timeouts.quorum_retries,
+            ],
+        )
         with context:
             for it in range(args.steps):
                 if test_store.check(["stop"]) and manager.current_step() >= int(

@@ -1,0 +1,156 @@
+"""Heals are safe for FSDP2 by default: the source's ``model.state_dict()`` is never
+read while its training thread runs a forward or backward.
+
+FSDP2's state-dict hook reshards the parameters a forward has just unsharded,
+so a heal that read the model's state on the quorum thread mid-forward failed
+the source's step with "got mixed torch.Tensor and DTensor". Here a source
+group trains FSDP2 with an asynchronous quorum and registers
+``model.state_dict()`` as torchtitan does (no sharded-state helper), while the
+other group rejoins as a new incarnation 50 times, healing from it each time.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore, TCPStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from lighthouse import LighthouseServer
+from tests.multiproc import RankContext, run_ranks
+from torchft_pg import ProcessGroupGloo
+from torchft_pg.manager import Manager
+from torchft_pg.optim import OptimizerWrapper
+
+GROUP_SIZE = 2
+HEALS = 50
+TIMEOUT = timedelta(seconds=30)
+MAX_STEPS = 20_000  # bounds the source's loop; it stops long before
+
+
+def make_model() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(64, 64), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers)
+
+
+def group_store(ctx: RankContext, name: str, group_rank: int) -> TCPStore:
+    """A TCPStore hosted by group rank 0, found through the test's store under `name`."""
+    if group_rank == 0:
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+        ctx.store.set(name, str(store.port))
+        return store
+    port = int(ctx.store.get(name).decode())
+    return TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=TIMEOUT)
+
+
+def new_manager(store: TCPStore, group_rank: int, lighthouse: str, replica: int) -> Manager:
+    return Manager(
+        ProcessGroupGloo(timeout=TIMEOUT),
+        min_replica_size=1,
+        rank=group_rank,
+        world_size=GROUP_SIZE,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"replica_{replica}",
+        timeout=TIMEOUT,
+        quorum_timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
+    )
+
+
+def _rank(ctx: RankContext) -> dict[str, Any]:
+    (lighthouse,) = ctx.args
+    replica, group_rank = divmod(ctx.rank, GROUP_SIZE)
+    default_store = group_store(ctx, f"default/{replica}", group_rank)
+    dist.init_process_group(
+        "gloo",
+        store=PrefixStore("default", default_store),
+        rank=group_rank,
+        world_size=GROUP_SIZE,
+        timeout=timedelta(seconds=120),
+    )
+    mesh = init_device_mesh("cpu", (GROUP_SIZE,), mesh_dim_names=("fsdp",))
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(ctx.rank))
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    def save() -> dict[str, Any]:  # torchtitan's way: the model's own state_dict()
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def step(manager: Manager, optimizer: OptimizerWrapper) -> None:
+        optimizer.zero_grad()
+        model(x).pow(2).mean().backward()
+        optimizer.step()
+
+    try:
+        if replica == 0:  # the source: trains until the healer is done
+            store = group_store(ctx, "source", group_rank)
+            manager = new_manager(store, group_rank, lighthouse, replica)
+            manager.set_state_dict_fns(load, save)
+            optimizer = OptimizerWrapper(manager, inner)
+            sent = steps = 0
+            for steps in range(MAX_STEPS):  # noqa: B007
+                if ctx.store.check(["stop_at"]) and manager.current_step() >= int(
+                    ctx.store.get("stop_at")
+                ):
+                    break
+                if (
+                    group_rank == 0
+                    and ctx.store.check(["healed"])
+                    and not ctx.store.check(["stop_at"])
+                ):
+                    ctx.store.set("stop_at", str(manager.current_step() + 3))
+                step(manager, optimizer)
+                timings = manager.last_quorum_timings()
+                sent += int(timings is not None and timings.heal_s > 0)
+            manager.shutdown()
+            return {"sent": sent, "steps": steps}
+        heals = 0
+        for incarnation in range(HEALS):  # the healer: a new incarnation per heal
+            store = group_store(ctx, f"healer/{incarnation}", group_rank)
+            manager = new_manager(store, group_rank, lighthouse, replica)
+            manager.set_state_dict_fns(load, save)
+            optimizer = OptimizerWrapper(manager, inner)
+            for _ in range(200):
+                step(manager, optimizer)
+                if manager.current_step() > 0 and manager.is_participating():
+                    heals += 1
+                    break
+            manager.shutdown()
+            ctx.barrier(f"incarnation/{incarnation}", members=[2, 3])
+        if group_rank == 0:
+            ctx.store.set("healed", "1")
+        return {"heals": heals}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(900)
+def test_fifty_heals_from_an_fsdp2_source_training_with_an_asynchronous_quorum() -> None:
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100, http_bind=None
+    )
+    try:
+        results = run_ranks(_rank, 2 * GROUP_SIZE, lighthouse.address(), timeout=840)
+    finally:
+        lighthouse.shutdown()
+    source, healer = results[:GROUP_SIZE], results[GROUP_SIZE:]
+    assert [r["heals"] for r in healer] == [HEALS, HEALS]
+    assert all(r["sent"] >= HEALS for r in source), source
