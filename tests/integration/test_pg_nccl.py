@@ -55,3 +55,44 @@ def _nccl(ctx: RankContext) -> list[str]:
 def test_nccl_collectives_reconfigure_and_abort(kind: str) -> None:
     results = run_ranks(_nccl, GPUS, kind, timeout=240)
     assert "allreduce" in results[0] and "reduce_scatter" in results[0]
+
+
+def _overstay(ctx: RankContext) -> dict[str, object]:
+    from torchft_pg import ProcessGroupNCCL
+    from torchft_pg.errors import ProcessGroupTimeoutError
+
+    torch.cuda.set_device(ctx.rank)
+    device = torch.device("cuda", ctx.rank)
+    pg = ProcessGroupNCCL(timeout=timedelta(seconds=2))
+    pg.configure(ctx.addr("nccl/overstay/0"), ctx.rank, ctx.world_size)
+    t = torch.ones(1, device=device)
+    pg.allreduce([t]).wait()
+    torch.cuda.synchronize()
+    # A stream busy for ~8 s: the allreduce queued behind it cannot complete in 2 s.
+    torch.cuda._sleep(int(8 * torch.cuda.get_device_properties(device).clock_rate * 1000))
+    work = pg.allreduce([t])
+    failed = None
+    try:
+        work.get_future().wait()
+    except Exception as e:  # our deadline aborted the communicator
+        failed = type(e).__name__
+    error = pg.errored()
+    torch.cuda.synchronize()  # the process is alive: c10d's watchdog did not tear it down
+    pg.configure(ctx.addr("nccl/overstay/1"), ctx.rank, ctx.world_size)
+    t = torch.ones(1, device=device)
+    pg.allreduce([t]).wait()
+    torch.cuda.synchronize()
+    pg.shutdown()
+    return {
+        "failed": failed,
+        "timeout_error": isinstance(error, ProcessGroupTimeoutError),
+        "after": t.item(),
+    }
+
+
+@needs_gpu
+def test_an_operation_past_the_timeout_aborts_the_communicator_and_the_process_lives() -> None:
+    results = run_ranks(_overstay, GPUS, timeout=240)
+    for r in results:
+        assert r["failed"] is not None and r["timeout_error"], r
+        assert r["after"] == GPUS

@@ -114,8 +114,10 @@ def batch(dp_rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return seq[:, :-1], seq[:, 1:]
 
 
-def loss_of(model: nn.Module, dp_rank: int, step: int) -> torch.Tensor:
-    inputs, labels = batch(dp_rank, step)
+def loss_of(
+    model: nn.Module, dp_rank: int, step: int, device: torch.device | None = None
+) -> torch.Tensor:
+    inputs, labels = (t.to(device) for t in batch(dp_rank, step))
     return nn.functional.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())
 
 
@@ -125,7 +127,8 @@ def digest(params: list[tuple[str, torch.Tensor]]) -> str:
     for name, p in params:
         local = p.to_local() if hasattr(p, "to_local") else p
         h.update(name.encode())
-        h.update(local.detach().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        flat = local.detach().reshape(-1).contiguous().cpu()
+        h.update(flat.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -153,6 +156,12 @@ def main() -> int:
     parser.add_argument("mode", choices=["hsdp", "diloco", "local_sgd"])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--sync-steps", type=int, default=2)
+    parser.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default="gloo",
+        help="nccl: torchtitan's reference config (one GPU per rank, FSDP2 on CUDA too)",
+    )
     args = parser.parse_args()
 
     from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupConfig
@@ -177,13 +186,19 @@ def main() -> int:
 
     # As torchtitan's FT trainer does: the default group named by its global ranks.
     first = replica * group_size
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", first + group_rank)  # one GPU per rank of the job
+        torch.cuda.set_device(device)
     dist.init_process_group(
-        "gloo", timeout=timedelta(seconds=120), _ranks=list(range(first, first + group_size))
+        "gloo" if args.backend == "gloo" else "cpu:gloo,cuda:nccl",
+        timeout=timedelta(seconds=120),
+        _ranks=list(range(first, first + group_size)),
     )
     semi_sync = None if args.mode == "hsdp" else args.mode
     ft_config = FaultTolerance(
         enable=True,
-        process_group="gloo",
+        process_group=args.backend,
         process_group_timeout_ms=10_000,
         replica_id=replica,
         group_size=groups,
@@ -196,8 +211,8 @@ def main() -> int:
     assert isinstance(ft_manager, TorchFTManager)
     dp_degree, dp_rank = ft_manager.get_dp_info(group_size, group_rank)
 
-    mesh = init_device_mesh("cpu", (group_size,), mesh_dim_names=("fsdp",))
-    model = make_model()
+    mesh = init_device_mesh(device.type, (group_size,), mesh_dim_names=("fsdp",))
+    model = make_model().to(device)
     for layer in model.layers.values():
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -269,7 +284,7 @@ def main() -> int:
                 # The batch follows the committed step (the heal carries it), so a
                 # healed group reads what its source reads at the same step.
                 data_step = committed_before if semi_sync is None else it
-                loss = loss_of(model, dp_rank, data_step)
+                loss = loss_of(model, dp_rank, data_step, device)
                 loss.backward()
                 reduced = dist_utils.dist_mean(loss.detach(), None, ft_manager.loss_sync_pg)
                 participating = manager.is_participating()  # False while healing
@@ -299,7 +314,9 @@ def main() -> int:
                     fragments=[digest(list(f.named_parameters())) for f in fragments],
                 )
         # every parameter gathered whole (a collective of the group: every rank calls it)
-        full = {n: cast(DTensor, p).full_tensor().tolist() for n, p in model.named_parameters()}
+        full = {
+            n: cast(DTensor, p).full_tensor().cpu().tolist() for n, p in model.named_parameters()
+        }
         emit(
             event="done",
             replica=replica,
