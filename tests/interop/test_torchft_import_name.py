@@ -112,3 +112,18 @@ def test_torchft_lighthouse_is_installed_and_takes_both_spellings(flag: str) -> 
     command = Path(sys.executable).parent / "torchft_lighthouse"
     out = subprocess.run([str(command), flag, "x"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "invalid int value: 'x'" in out.stderr
+
+
+def test_ray_trains_lighthouse_actor_pattern() -> None:
+    # Ray Train's TorchftConfig starts the lighthouse this way and hands its
+    # address() to the workers as TORCHFT_LIGHTHOUSE.
+    out = run(
+        """
+        from torchft.coordination import LighthouseServer
+        lighthouse = LighthouseServer(**({"bind": "[::]:0"} | {"min_replicas": 1}))
+        print(lighthouse.address())
+        lighthouse.shutdown()
+        """
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith("http://")
