@@ -80,11 +80,11 @@ class CommitVote:
         pg_error = self._pg.errored()
         if pg_error is not None:
             self._report_error(pg_error)
-        participants = self._round.participation.world_size if self._errored() is None else 0
+        failed = self._errored() is not None
+        participation = self._round.participation
+        participants = 0 if failed else participation.world_size
         vote = local_vote(
-            failed=self._errored() is not None,
-            participants=participants,
-            min_replica_size=self._min_replica_size,
+            failed=failed, present=participation.present, min_replica_size=self._min_replica_size
         )
         client = self._connect()
         try:

@@ -7,6 +7,15 @@ happens: with an asynchronous quorum (or no healing) a healer heals in the
 background and contributes zeros, so only the up-to-date replicas count; with
 a synchronous quorum it heals first and takes full part. `FIXED_WITH_SPARES`
 caps the participants at `min_replica_size`; the rest are spares.
+
+The commit vote asks whether enough replicas are *present* in the step:
+every replica group of its quorum, whether it contributes, is a spare, or
+heals into the step (a healer votes yes only once its heal is complete on
+every one of its ranks, and loads it only if its group commits). Counting
+contributors instead made a job that requires every group
+(`min_replica_size` equal to the number of groups) livelock when a group
+restarted: each step it healed had one contributor too few, every group
+voted no, the healed state was dropped, and the next step healed again.
 """
 
 from __future__ import annotations
@@ -30,10 +39,13 @@ class WorldSizeMode(Enum):
 @dataclass(frozen=True, kw_only=True)
 class Participation:
     """This replica's part in a step: its rank among the participants (None:
-    it contributes zeros) and how many participants the average divides by."""
+    it contributes zeros), how many participants the average divides by, and
+    how many replica groups are present in the step (participants, spares and
+    healers: what the vote counts against `min_replica_size`)."""
 
     rank: int | None
     world_size: int
+    present: int = 0
 
 
 NOT_STARTED = Participation(rank=None, world_size=0)
@@ -58,9 +70,10 @@ def participation(
     if mode == WorldSizeMode.FIXED_WITH_SPARES:
         size = min(size, min_replica_size)
         rank = rank if rank is not None and rank < min_replica_size else None
-    return Participation(rank=rank, world_size=size)
+    return Participation(rank=rank, world_size=size, present=result.replica_world_size)
 
 
-def local_vote(*, failed: bool, participants: int, min_replica_size: int) -> bool:
-    """This rank's commit vote: nothing failed and enough replicas took part."""
-    return not failed and participants >= min_replica_size
+def local_vote(*, failed: bool, present: int, min_replica_size: int) -> bool:
+    """This rank's commit vote: nothing failed and enough replica groups are
+    present in the step (see the module docstring)."""
+    return not failed and present >= min_replica_size

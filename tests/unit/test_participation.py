@@ -30,12 +30,18 @@ def _result(*, replica_rank: int, world: int, max_rank: int | None, max_world: i
     ("background", "mode", "minimum", "want"),
     [
         # a healer in the background contributes zeros; the up-to-date two divide
-        (True, WorldSizeMode.DYNAMIC, 1, Participation(rank=None, world_size=2)),
+        # (all three are present in the step)
+        (True, WorldSizeMode.DYNAMIC, 1, Participation(rank=None, world_size=2, present=3)),
         # healing first (synchronous quorum): it takes full part
-        (False, WorldSizeMode.DYNAMIC, 1, Participation(rank=2, world_size=3)),
+        (False, WorldSizeMode.DYNAMIC, 1, Participation(rank=2, world_size=3, present=3)),
         # spares: only min_replica_size take part, by rank
-        (False, WorldSizeMode.FIXED_WITH_SPARES, 2, Participation(rank=None, world_size=2)),
-        (False, WorldSizeMode.FIXED_WITH_SPARES, 3, Participation(rank=2, world_size=3)),
+        (
+            False,
+            WorldSizeMode.FIXED_WITH_SPARES,
+            2,
+            Participation(rank=None, world_size=2, present=3),
+        ),
+        (False, WorldSizeMode.FIXED_WITH_SPARES, 3, Participation(rank=2, world_size=3, present=3)),
     ],
 )
 def test_participation(
@@ -47,6 +53,17 @@ def test_participation(
 
 
 def test_local_vote() -> None:
-    assert local_vote(failed=False, participants=2, min_replica_size=2)
-    assert not local_vote(failed=False, participants=1, min_replica_size=2)
-    assert not local_vote(failed=True, participants=3, min_replica_size=1)
+    assert local_vote(failed=False, present=2, min_replica_size=2)
+    assert not local_vote(failed=False, present=1, min_replica_size=2)
+    assert not local_vote(failed=True, present=3, min_replica_size=1)
+
+
+def test_a_healer_counts_toward_min_replica_size_but_not_the_average() -> None:
+    # Two groups, min_replica_size 2, one of them healing into the step: the step
+    # averages over the one that contributes, and may still commit.
+    source = _result(replica_rank=0, world=2, max_rank=0, max_world=1)
+    got = participation(
+        source, heals_in_background=True, mode=WorldSizeMode.DYNAMIC, min_replica_size=2
+    )
+    assert got == Participation(rank=0, world_size=1, present=2)
+    assert local_vote(failed=False, present=got.present, min_replica_size=2)

@@ -51,7 +51,7 @@ def test_configure_address_is_fresh_per_epoch_quorum_and_group_rank() -> None:
 def test_the_same_quorum_with_nothing_to_heal_is_steady() -> None:
     plan = _plan(_result(), configured=("ep", 1), allow_heal=True)
     assert plan.configure_at is None and not plan.heals and plan.steady
-    assert plan.participation == Participation(rank=0, world_size=2)
+    assert plan.participation == Participation(rank=0, world_size=2, present=3)
 
 
 def test_a_new_quorum_or_a_new_epoch_reconfigures() -> None:
@@ -66,7 +66,9 @@ def test_a_replica_behind_receives_from_the_named_source_at_the_max_step() -> No
     plan = _plan(result, configured=("ep", 1), allow_heal=True)
     assert plan.receive_heal and not plan.send_heal and not plan.steady
     assert (plan.heal_step, plan.heal_source) == (7, 0)
-    assert plan.participation == Participation(rank=None, world_size=2)  # zeros meanwhile
+    assert plan.participation == Participation(
+        rank=None, world_size=2, present=3
+    )  # zeros meanwhile
 
 
 def test_a_source_sends_to_the_healers() -> None:
