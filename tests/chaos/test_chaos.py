@@ -331,3 +331,53 @@ def test_soak_multi_rank_groups_with_partial_kills() -> None:
     )
     _check(report)
     assert any(phase == "allreduce_after" and g == 1 for _, g, _, phase in report.deaths)
+
+
+def test_every_group_required_restarted_groups_rejoin() -> None:
+    """min_replica_size = the number of groups: a killed group's survivors wait for
+    it, and once restarted it heals into a step and the job goes on (it used to
+    heal every step for ever, the step never having enough contributors)."""
+    plan = FaultPlan(
+        {(1, 6): Fault.KILL_REPLICA, (0, 14): Fault.KILL_REPLICA, (1, 24): Fault.KILL_REPLICA}
+    )
+    report = run_chaos(
+        ChaosConfig(
+            replicas=2, steps=40, plan=plan, min_replica_size=2, deadline_s=240, verbose=False
+        )
+    )
+    _check(report)
+    assert report.kills == report.restarts == 3
+    assert len(report.restart_to_commit_s) == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1300)  # the run's own deadline is 1200 s
+def test_soak_every_group_required() -> None:
+    """min_replica_size = the number of groups under kills of every kind and the
+    other faults: every restart rejoins, nothing committed is lost."""
+    kinds = [k for k in (*PHASE_FAULTS, *CLASSIC_FAULTS) if k != Fault.KILL_BABY_CHILD]
+    plan = FaultPlan.random(
+        seed=34,
+        replicas=3,
+        steps=300,
+        kills=20,
+        other_faults=10,
+        first_step=2,
+        gap=8,
+        kinds=kinds,
+        overlaps=3,
+    )
+    report = run_chaos(
+        ChaosConfig(
+            replicas=3,
+            steps=300,
+            plan=plan,
+            min_replica_size=3,
+            heartbeat_timeout_ms=2000,
+            deadline_s=1200,
+            verbose=False,
+        )
+    )
+    _check(report)
+    assert report.kills >= plan.count(Fault.KILL_REPLICA) >= 20
+    assert len(report.restart_to_commit_s) == report.restarts

@@ -23,6 +23,9 @@ class ChaosConfig:
     pg_kind: str = "gloo"
     transport: str = "http"  # or "pg"
     min_replicas: int = 1
+    # The Managers' min_replica_size: set it to `replicas` for a job that needs every
+    # group in every step (a killed group's survivors wait for its restart).
+    min_replica_size: int = 1
     join_timeout_ms: int = 300
     heartbeat_timeout_ms: int | None = None  # None: the lighthouse's default (5 s)
     timeout_s: float = 5.0

@@ -169,6 +169,7 @@ class _Run:
                 quorum_timeout_s=self.c.quorum_timeout_s,
                 delay_s=self.c.delay_s,
                 expected_replicas=self.c.replicas,
+                min_replica_size=self.c.min_replica_size,
                 step_time_s=self.c.step_time_s,
                 released=tuple(sorted(self.schedule.released.items())),
                 finish_at=self.schedule.finish_at,
