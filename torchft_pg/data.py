@@ -33,6 +33,17 @@ def _index(name: str, value: object, size_name: str, size: int) -> int:
     return value
 
 
+def _one_of(name: str, value: int | None, old: str, kwargs: dict[str, Any]) -> int | None:
+    """`value`, or torchft 0.1's keyword `old` for it from `kwargs` (removed there);
+    both given is a TypeError naming them."""
+    if old not in kwargs:
+        return value
+    if value is not None:
+        raise TypeError(f"pass {name} or torchft 0.1's {old}, not both")
+    result: int | None = kwargs.pop(old)
+    return result
+
+
 class DistributedSampler(data.distributed.DistributedSampler[T_co]):
     """torch's DistributedSampler over the shards of all replica groups.
 
@@ -45,6 +56,9 @@ class DistributedSampler(data.distributed.DistributedSampler[T_co]):
         num_replicas: the ranks per replica group; default: the default
             process group's world size.
         **kwargs: passed on to torch's sampler (``shuffle``, ``seed``, ``drop_last``).
+            torchft 0.1's names are accepted too: ``replica_group`` for
+            `replica_rank` and ``rank`` for `group_rank` (torch's own ``rank``
+            cannot be passed: the global rank is this sampler's to compute).
 
     `global_rank` and `global_world_size` are this rank's shard and the
     number of shards. Every rank of every group must use the same
@@ -54,12 +68,19 @@ class DistributedSampler(data.distributed.DistributedSampler[T_co]):
     def __init__(
         self,
         dataset: data.Dataset[T_co],
-        replica_rank: int,
-        num_replica_groups: int,
+        replica_rank: int | None = None,
+        num_replica_groups: int | None = None,
         group_rank: int | None = None,
         num_replicas: int | None = None,
         **kwargs: Any,
     ) -> None:
+        replica_rank = _one_of("replica_rank", replica_rank, "replica_group", kwargs)
+        group_rank = _one_of("group_rank", group_rank, "rank", kwargs)
+        if replica_rank is None or num_replica_groups is None:
+            raise TypeError(
+                "DistributedSampler needs replica_rank (torchft 0.1: replica_group) and "
+                "num_replica_groups"
+            )
         if group_rank is None or num_replicas is None:
             if not (dist.is_available() and dist.is_initialized()):
                 missing = "group_rank" if group_rank is None else "num_replicas"

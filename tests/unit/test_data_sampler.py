@@ -103,3 +103,34 @@ def test_defaults_need_a_default_group_or_say_so() -> None:
         DistributedSampler(Range(10), replica_rank=0, num_replica_groups=1, num_replicas=1)
     with pytest.raises(ValueError, match="num_replicas was not given"):
         DistributedSampler(Range(10), replica_rank=0, num_replica_groups=1, group_rank=0)
+
+
+def test_torchft_0_1s_keywords_name_the_same_shard() -> None:
+    new = DistributedSampler(
+        Range(12), replica_rank=1, num_replica_groups=2, group_rank=1, num_replicas=2
+    )
+    old = DistributedSampler(
+        Range(12), replica_group=1, num_replica_groups=2, rank=1, num_replicas=2
+    )
+    assert (
+        (old.global_rank, old.global_world_size)
+        == (new.global_rank, new.global_world_size)
+        == (3, 4)
+    )
+    assert list(old) == list(new)
+
+
+def test_both_spellings_of_one_argument_are_refused_naming_them() -> None:
+    with pytest.raises(
+        TypeError, match=r"pass replica_rank or torchft 0\.1's replica_group, not both"
+    ):
+        DistributedSampler(
+            Range(4),
+            replica_rank=0,
+            replica_group=0,
+            num_replica_groups=1,
+            group_rank=0,
+            num_replicas=1,
+        )
+    with pytest.raises(TypeError, match="needs replica_rank"):
+        DistributedSampler(Range(4), num_replica_groups=1, group_rank=0, num_replicas=1)
