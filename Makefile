@@ -17,10 +17,15 @@ install-torchft-compat:  ## opt-in: the import name `torchft` and `torchft_light
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e compat/torchft
 
 # Test-only packages: torchtitan's fault-tolerance modules and the three modules they
-# import. --no-deps: they must never change torch (tests/torchtitan refuses to run if it did).
-TEST_EXTRAS = torchtitan==0.3.0 tyro==1.0.17 spmd_types==0.2.3 torchdata==0.11.0
+# import, and parameterized for torchft's own tests. --no-deps: they must never change
+# torch (tests/torchtitan refuses to run if it did). torchft's wheels are only downloaded,
+# never installed: tests/torchft_suites runs test files from them against torchft_pg.
+TEST_EXTRAS = torchtitan==0.3.0 tyro==1.0.17 spmd_types==0.2.3 torchdata==0.11.0 parameterized==0.9.0
+TORCHFT_WHEELS = .whl/torchft
 install-test-extras: install-torchft-compat  ## test-only packages (torchtitan), never touching torch
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps $(TEST_EXTRAS)
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps -d $(TORCHFT_WHEELS) torchft==0.1.1
+	$(PY) -m pip download -q --disable-pip-version-check --no-deps -d $(TORCHFT_WHEELS) torchft==0.2.0
 	$(PY) -c "import torch, sys; v = torch.__version__.split('+')[0]; sys.exit(0 if v == '$(TORCH_VERSION)' else 'torch changed to ' + v)"
 
 demo:  ## the fault-tolerance demo (see README)

@@ -3,7 +3,8 @@
 For building fault-tolerance schemes of one's own on the lighthouse: the
 lighthouse and manager servers, their clients and the quorum types. They live
 in the torch-free `lighthouse` package; this module only names them where
-torchft users look.
+torchft users look. torchft's compiled module (``torchft._torchft``, in 0.1
+``torchft.torchft``) resolves to this one through the compat distribution.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from lighthouse import (
     QuorumMember,
 )
 
+# torchft 0.1's name for the lighthouse server (its ``torchft.torchft.Lighthouse``).
+Lighthouse = LighthouseServer
+
 __all__ = [
+    "Lighthouse",
     "LighthouseClient",
     "LighthouseServer",
     "ManagerClient",

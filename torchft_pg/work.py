@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import Work, _create_work_from_future  # type: ignore[attr-defined]
+from torch._C._distributed_c10d import Work
 from torch.futures import Future
 
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
@@ -20,6 +20,7 @@ from torchft_pg.futures import ProxyFuture, future_for
 __all__ = [
     "AbortSignal",
     "AbortableWork",
+    "CompletedWork",
     "ErrorSwallowingWork",
     "FailedWork",
     "ManagedWork",
@@ -34,9 +35,34 @@ def completed_future(value: Any) -> Future[Any]:
     return fut
 
 
+class CompletedWork(Work):
+    """A Work that is already done: `wait()` returns True, the future yields `value`.
+
+    torchft's tests know it as ``_DummyWork`` (the name is exported too)."""
+
+    def __init__(self, value: Any = None) -> None:
+        super().__init__()
+        self._future = completed_future(value)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+
+_DummyWork = CompletedWork  # torchft's private name for it
+
+
 def completed_work(value: Any = None) -> Work:
     """A Work that is already done and whose future yields `value`."""
-    return _create_work_from_future(completed_future(value))
+    return CompletedWork(value)
 
 
 class FailedWork(Work):

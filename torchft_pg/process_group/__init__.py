@@ -26,6 +26,11 @@ from torchft_pg.process_group.wrappers import (
 from torchft_pg.process_group.xccl import ProcessGroupXCCL
 from torchft_pg.store import create_store_client
 
+# torchft's private names for our Works, which its tests import from here.
+from torchft_pg.work import CompletedWork as _DummyWork  # noqa: F401
+from torchft_pg.work import ErrorSwallowingWork as _ErrorSwallowingWork  # noqa: F401
+from torchft_pg.work import ManagedWork as _ManagedWork  # noqa: F401
+
 __all__ = [
     "ErrorSwallowingProcessGroupWrapper",
     "FakeProcessGroupWrapper",

@@ -84,9 +84,11 @@ def meet(
             if not missing:
                 unconfirmed += waiting
                 break
+            seconds = timeout.total_seconds()
             raise ProcessGroupTimeoutError(
-                f"members {missing} did not arrive within {timeout} (neither a torchft_pg "
-                f"presence key nor a Gloo address key at rank {missing[0]})"
+                f"configure timed out after {seconds:g} seconds (timeout after "
+                f"{seconds * 1000:g}ms): members {missing} did not arrive (neither a "
+                f"torchft_pg presence key nor a Gloo address key at rank {missing[0]})"
             )
         poll_s = min(poll_s * 2, _MAX_POLL_S)
     return resolve_global_ranks(_reported_ranks(store, world_size, unconfirmed))

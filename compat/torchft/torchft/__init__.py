@@ -45,6 +45,12 @@ _refuse_beside_real_torchft()
 
 _PREFIX = __name__ + "."
 _TARGET = "torchft_pg"
+# torchft modules whose counterpart has another name: its compiled coordination
+# module (``torchft._torchft``; ``torchft.torchft`` in torchft 0.1).
+_RENAMED = {
+    "torchft._torchft": "torchft_pg.coordination",
+    "torchft.torchft": "torchft_pg.coordination",
+}
 
 
 class _Alias(importlib.abc.Loader):
@@ -85,7 +91,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_PREFIX):
             return None
-        ours = _TARGET + fullname[len(__name__) :]
+        ours = _RENAMED.get(fullname, _TARGET + fullname[len(__name__) :])
         try:
             found = importlib.util.find_spec(ours)
         except ModuleNotFoundError:  # a parent of `ours` does not exist
@@ -137,7 +143,9 @@ def __getattr__(name: str) -> Any:
     target = _NAMES.get(name)
     if target is not None:
         value = getattr(importlib.import_module(target[0]), target[1])
-    elif not name.startswith("_") and importlib.util.find_spec(f"{_TARGET}.{name}") is not None:
+    elif _PREFIX + name in _RENAMED or (
+        not name.startswith("_") and importlib.util.find_spec(f"{_TARGET}.{name}") is not None
+    ):
         value = importlib.import_module(_PREFIX + name)
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
