@@ -14,8 +14,8 @@ stream with its leaving ping) passes three checks, in this order:
 
 A refusal says what to log, at most once per episode: capacity until there is
 room again, a refused id while the lighthouse remembers it. So a flood costs a
-line, not a line per call. Also here: the one log line for a member asking far
-above the job's committed step.
+line, not a line per call. Also here: the one log line (per replica id) for a
+member asking far above the job's committed step.
 
 No sockets, no clock, no gRPC: the server passes in what the core knows
 (``knows``, ``tracked``) and turns a ``Refusal`` into a status code.
@@ -79,6 +79,7 @@ class Admission:
         self._tracked = tracked
         self.incarnations = Incarnations()
         self._logged_ids: set[str] = set()  # refused ids already logged, while remembered
+        self._jumps_logged: set[str] = set()  # ids whose step jump was logged, while remembered
         self._full_logged = False  # capacity refusals logged, until there is room again
 
     def admit(self, rpc: str, replica_id: str, token: str | None, peer: str) -> Refusal | None:
@@ -135,10 +136,21 @@ class Admission:
         self.incarnations.retain(self._knows)
         if self._logged_ids:
             self._logged_ids = {r for r in self._logged_ids if self._knows(r)}
+        if self._jumps_logged:
+            self._jumps_logged = {r for r in self._jumps_logged if self._knows(r)}
         if self._full_logged and self._tracked() < self.max_tracked:
             self._full_logged = False
             return f"room for new replica ids again ({self._tracked()} tracked)"
         return None
+
+    def step_jump_once(self, replica_id: str, step: int, committed: int, known: bool) -> str | None:
+        """``step_jump``'s line, once per replica id while the lighthouse remembers it:
+        a claim does not raise the committed step, so its retries would jump again."""
+        line = step_jump(replica_id, step, committed, known)
+        if line is None or replica_id in self._jumps_logged:
+            return None
+        self._jumps_logged.add(replica_id)
+        return line
 
     def _once(self, replica_id: str, line: str) -> str | None:
         if replica_id in self._logged_ids:
@@ -149,13 +161,15 @@ class Admission:
 
 def step_jump(replica_id: str, step: int, committed: int, known: bool) -> str | None:
     """The line to log when ``replica_id`` asks at ``step``, more than one step above
-    the job's ``committed`` step, once that step is ``known`` (a quorum issued, or
-    a committed step recorded or reported); else None. The request itself raises
-    the committed step to its own, so its retries log nothing more."""
+    the job's ``committed`` step, once that step is ``known`` (a step a quorum reached
+    together, or one recorded in the state file); else None. The claim itself commits
+    nothing (``lighthouse.coordinator.committed``): the quorum's members must
+    reach it together, healing from the claimer if it is ahead."""
     if not known or step <= committed + 1:
         return None
     return (
         f"replica {replica_id} asks for a quorum at step {step}, far above the job's "
         f"committed step {committed} ({step - committed} steps ahead: restored from a "
-        "newer checkpoint, or not what it claims to be)"
+        "newer checkpoint, or not what it claims to be; the step counts once its quorum "
+        "reaches it together)"
     )

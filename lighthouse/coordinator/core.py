@@ -148,12 +148,14 @@ class LighthouseCore:
                 q.put_nowait(payload)
 
     def _quorum_members(self) -> int:
-        """The size of the latest quorum, or the recalled size before this epoch's first."""
-        prev = self.state.prev
-        return len(prev.participants) if prev is not None else self.state.recalled_members
+        """How many live members of a quorum last reached a step together, or the
+        recalled size before any did in this epoch: a committed fact, so members
+        that never report (a stranger taken into a quorum) never inflate it."""
+        return self.state.commits.members or self.state.recalled_members
 
     def _persist(self, now: float) -> None:
-        """Record the committed step (throttled; ``tick`` writes what was held back)."""
+        """Record the committed step and quorum size, both committed facts (throttled;
+        ``tick`` writes what was held back)."""
         if self.job_state is not None:
             self.job_state.record(self.state.committed_step, now, self._quorum_members())
 

@@ -32,7 +32,7 @@ class Health(str, Enum):
     """A replica's state as the dashboard colours it (``status`` in ``/status``)."""
 
     OK = "ok"  # in the current quorum and keeping up
-    BEHIND = "behind"  # a member more than two steps below the job's committed step
+    BEHIND = "behind"  # a member more than two steps below the job's lead (see ``lag``)
     WAITING = "waiting"  # asked for a quorum it is not in yet
     OUTSIDE = "outside"  # alive, neither in the quorum nor asking
     SILENT = "silent"  # no sign of life for half the heartbeat timeout
@@ -45,7 +45,9 @@ class Health(str, Enum):
 class ReplicaHealth:
     """One replica's row. Times in seconds, step times in milliseconds; None = unknown.
 
-    ``lag``: the job's committed step minus ``step`` (live replicas only). ``steps_per_s``: over about
+    ``lag``: the job's lead minus ``step`` (live replicas only): the lead is the
+    highest step a proven live replica reports, or the committed step if higher
+    (a step one unproven replica claims never makes the others look behind). ``steps_per_s``: over about
     the last ``history.RECENT_RATE_SPAN_S`` seconds. ``step_time_ms``: the latest
     reported, else derived from the step history (``step_time_derived``).
     """
@@ -99,6 +101,11 @@ def replica_health(
     ``gone``: why a departed replica left (``JobHistory.gone_reason``).
     """
     members = {} if state.prev is None else {m.replica_id: m for m in state.prev.participants}
+    lead = max(
+        (m.step for rid, m in state.last_member.items() if rid in state.proven),
+        default=state.committed_step,
+    )
+    lead = max(lead, state.committed_step)
     departed = {rid for rid in steps.replica_ids() if gone(rid) is not None}
     ids = sorted(set(state.seen) | set(members) | departed)[:MAX_ROWS]
     rows = []
@@ -121,7 +128,7 @@ def replica_health(
         derived = reported is None and step_time is not None
         q = state.quarantined.get(rid)
         quarantined_s = round(q.until - now, 3) if q is not None and q.until > now else None
-        lag = None if step is None or not alive else max(0, state.committed_step - step)
+        lag = None if step is None or not alive else max(0, lead - step)
         silent_s = None if last_seen is None else now - last_seen
         if not alive:
             status = Health.LEFT if gone(rid) is EventKind.LEFT else Health.DEAD

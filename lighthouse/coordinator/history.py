@@ -483,6 +483,10 @@ class JobHistory:
             )
         )
         behind = tuple(m.replica_id for m in quorum.participants if m.step < top)
+        for m in quorum.participants:
+            if m.step >= top:  # at the top now: an earlier heal's target is moot
+                self._healing.pop(m.replica_id, None)  # (one to a claimed step 2**62, say)
+                self._heal_reports.pop(m.replica_id, None)
         if not behind:
             return
         for rid in behind:

@@ -125,8 +125,8 @@ class QuorumLease:
         self, epoch: str, replica_id: str, committed_through: int
     ) -> tuple[LeaseRecall | None, LeaseFloor | None]:
         """``replica_id`` left cleanly while holding the lease, having committed every
-        round below ``committed_through`` (-1: unknown, use its last round's step):
-        the others keep the lease for rounds below that step, fail any leased round
+        round below ``committed_through`` (-1: unknown, use its last round's step;
+        never above that step + 1, whatever the ping claims): the others keep the lease for rounds below that step, fail any leased round
         at or above it (the leaver runs no collectives there) and ask for later
         rounds. Also the floor, if the leaver was the slowest."""
         step = self.holders.pop(replica_id, None)
@@ -134,6 +134,9 @@ class QuorumLease:
             return None, None
         if committed_through < 0:
             return self._once(epoch, (replica_id,), step), self._raise_floor()
+        # It committed at most the round it last reported: a higher claim would let
+        # the others run leased rounds it never joins.
+        committed_through = min(committed_through, step + 1)
         recall = self._once(epoch, (replica_id,), committed_through, committed_through)
         return recall, self._raise_floor()
 

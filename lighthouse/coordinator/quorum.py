@@ -20,13 +20,14 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    e.g. restarted replicas at step 0 outvoting the one holding steps 0..85
    while it is briefly stalled). Wait for it instead; if it dies, it stops
    being live and the quorum proceeds.
-6. Never issue a quorum whose highest step is below the job's committed step
-   (the highest step any replica ever reported: a replica asks, or reports
-   progress, only at a committed step), unless ``allow_step_reset``. Rule 5
-   guards against a live replica that is ahead; this rule guards against the
-   case where every up-to-date replica is gone, which would otherwise restart
-   the job silently from older (e.g. initial) weights. Replicas that load a
-   checkpoint at or past the committed step ask at that step and pass.
+6. Never issue a quorum whose highest step is below the job's committed step,
+   unless ``allow_step_reset``. Rule 5 guards against a live replica that is
+   ahead; this rule guards against the case where every up-to-date replica is
+   gone, which would otherwise restart the job silently from older (e.g.
+   initial) weights. Replicas that load a checkpoint at or past the committed
+   step ask at that step and pass. The committed step is what the members of
+   the latest quorum reach together after it (``lighthouse.coordinator.committed``),
+   never a step one request claims: a claim would let one request stop the job.
 
 7. Quarantine: when every member of the previous quorum asks again having
    failed ``quarantine_after_failures`` steps in a row, and some of them have
@@ -36,7 +37,9 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    (``quarantine_base_s``, doubling per repeat up to ``QUARANTINE_MAX_S``) so
    the others continue. Their requests wait; when the backoff ends they are
    admitted again on probation. If nobody or everybody is proven the failure
-   cannot be pinned on a member and nothing is quarantined.
+   cannot be pinned on a member and nothing is quarantined. Proven: a member
+   of a quorum whose members all reported a commit together (``committed``),
+   so a member's own word (``commit_failures == 0``) never proves it.
 8. Cut links: members that each name the other unreachable (their manager
    servers probe the previous quorum's members after a failed step) cannot
    share a process group, and a quorum holding both fails on every retry
@@ -47,7 +50,14 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    and train; when the backoff ends they are admitted again, and cut out
    again while the link is still down. A member naming a peer alone, without
    that peer naming it back, changes nothing: one hostile or confused member
-   cannot evict another.
+   cannot evict another. (Tie order: the unproven before the proven, so a
+   stranger whose bogus address its peers cannot reach is the one cut.)
+9. A claim nobody could heal from is refused: when proven members that had to
+   heal from the previous quorum's highest step come back still below it,
+   and that step was above the job's committed step and held only by unproven
+   members (claims), those members are quarantined as in rule 7. Rule 5 does
+   not wait for a quarantined member that is unproven: its step is a claim
+   the job could not use.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
@@ -67,6 +77,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from lighthouse.coordinator.committed import CommittedStep
 from lighthouse.types import Quorum, QuorumMember, copy_with
 
 DEFAULT_MIN_REPLICAS = 1
@@ -156,9 +167,9 @@ class QuorumState:
         self.epoch = epoch
         self.recalled_members = recalled_members
         self.started: float | None = None  # the first time seen (seconds), for rule 3
-        # The highest step any replica reported (rule 6); it only grows, except when
-        # the operator allows a reset and a lower quorum issues.
-        self.committed_step = committed_step
+        # The job's committed step (rule 6): what the latest quorum's members reached
+        # together; it only grows, except when the operator allows a reset.
+        self.commits = CommittedStep(committed_step)
         # replica id -> last seen (s), oldest first
         self.seen: OrderedDict[str, float] = OrderedDict()
         self.pending: dict[str, _Pending] = {}  # insertion order == join order
@@ -174,6 +185,16 @@ class QuorumState:
         self.proven: set[str] = set()
         self.quarantined: dict[str, Quarantine] = {}
         self._now = 0.0  # the latest time seen (seconds), for quarantine expiry
+        # Rule 9: the previous quorum's steps by member and its highest, and the
+        # claims refuted since (replica id -> why), quarantined at the next decision.
+        self._prev_steps: dict[str, int] = {}
+        self._prev_top = 0
+        self.refuted: dict[str, str] = {}
+
+    @property
+    def committed_step(self) -> int:
+        """The job's committed step (rule 6; ``lighthouse.coordinator.committed``)."""
+        return self.commits.step
 
     # -- signs of life ---------------------------------------------------------------
     def heartbeat(self, replica_id: str, now: float) -> None:
@@ -188,12 +209,10 @@ class QuorumState:
         rid = member.replica_id
         self.withdraw(rid)
         self.heartbeat(rid, now)
-        if member.commit_failures == 0 and rid in self._prev_set:
-            self.proven.add(rid)  # it committed the step of the previous quorum
+        self._reported(rid, member.step, member.commit_failures > 0)
+        self._refute_unhealed(member, now)
         self.pending[rid] = _Pending(member, now)
         self.last_member[rid] = member
-        if member.step > self.committed_step:
-            self.committed_step = member.step
         if rid in self._prev_set:
             self.prev_pending += 1
         if member.shrink_only:
@@ -205,8 +224,39 @@ class QuorumState:
         m = self.last_member.get(replica_id)
         if m is not None and step > m.step:
             self.last_member[replica_id] = copy_with(m, step=step, step_time_ms=step_time_ms)
-            if step > self.committed_step:
-                self.committed_step = step
+            self._reported(replica_id, step, False)
+
+    def _reported(self, replica_id: str, step: int, failed: bool) -> None:
+        """A member's report after the previous quorum: it may commit a step (rule 6)
+        and prove its members (rule 7), when every live member has reported."""
+        together = self.commits.reported(replica_id, step, failed)
+        if together is not None and together.committed:
+            self.proven.update(together.members)
+
+    def _refute_unhealed(self, member: QuorumMember, now: float) -> None:
+        """Rule 9: a proven member that had to heal in the previous quorum asks again
+        below its highest step, a claim above the committed step held only by
+        unproven members: those members are refuted. O(1), plus O(members) then."""
+        rid, top = member.replica_id, self._prev_top
+        if (
+            member.step >= top
+            or top <= self.committed_step
+            or rid not in self.proven
+            or self._prev_steps.get(rid, top) >= top
+        ):
+            return
+        assert self.prev is not None
+        sources = [m.replica_id for m in self.prev.participants if m.step == top]
+        if any(s in self.proven for s in sources):
+            return
+        for s in sources:
+            if s in self.seen and s not in self.refuted and not self.is_quarantined(s, now):
+                self.refuted[s] = (
+                    f"it claimed step {top}, above the job's committed step "
+                    f"{self.committed_step}, and {rid}, told to heal from it in quorum "
+                    f"{self.prev.quorum_id}, came back at step {member.step}: a step "
+                    "nobody could heal from is a claim, not a committed step"
+                )
 
     def withdraw(self, replica_id: str) -> bool:
         """Drop ``replica_id``'s pending request (cancelled). True if there was one."""
@@ -228,6 +278,8 @@ class QuorumState:
         self.last_member.pop(replica_id, None)
         self.proven.discard(replica_id)
         self.quarantined.pop(replica_id, None)
+        self.refuted.pop(replica_id, None)
+        self.commits.gone(replica_id)  # nothing it reported outlives it
         return self.seen.pop(replica_id, None) is not None or had
 
     def expired(self, now: float, timeout_s: float) -> list[str]:
@@ -278,6 +330,7 @@ class QuorumState:
             strikes = 1 if old is None else old.strikes + 1
             length = min(config.quarantine_base_s * 2 ** (strikes - 1), QUARANTINE_MAX_S)
             self.quarantined[rid] = Quarantine(now + length, strikes, why)
+            self.refuted.pop(rid, None)
 
     def asking(self, now: float) -> int:
         """Pending requests that are not quarantined."""
@@ -319,9 +372,11 @@ class QuorumState:
         left = list(self.pending.values())
         self.pending = {p.member.replica_id: _Pending(p.member, now) for p in left}
         self.prev = quorum
-        self.committed_step = max(
-            (m.step for m in members), default=self.committed_step
-        )  # == before, unless an allowed reset issued below it
+        self._prev_steps = {m.replica_id: m.step for m in members}
+        self._prev_top = max(self._prev_steps.values(), default=0)
+        if self._prev_top < self.commits.step:  # only an allowed reset issues below it
+            self.commits.reset(self._prev_top)
+        self.commits.issued(ids)
         self._prev_ids = ids
         self._prev_set = frozenset(ids)
         self.prev_pending = 0
@@ -334,6 +389,9 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
 
     O(1) when not ready; O(N log N) to list the members when ready.
     """
+    refuted = _refuted(state, config)
+    if refuted is not None:
+        return refuted
     n = state.asking(now)
     if n == 0:
         if state.pending:
@@ -355,7 +413,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
         return (
             _cut_apart(members, state, config)
             or _quarantine_suspects(members, state, config, now)
-            or _refusal(members, state, config)
+            or _refusal(members, state, config, now)
             or Decision(members, reason, "fast")
         )
     tail = f"[{n} asked, shrink_only={shrink}]"
@@ -412,9 +470,19 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     return (
         _cut_apart(members, state, config)
         or _quarantine_suspects(members, state, config, now)
-        or _refusal(members, state, config)
+        or _refusal(members, state, config, now)
         or Decision(members, reason, "ready")
     )
+
+
+def _refuted(state: QuorumState, config: QuorumConfig) -> Decision | None:
+    """Rule 9: a "quarantine" decision naming the refuted claims, if any (and
+    quarantine is on)."""
+    if not state.refuted or config.quarantine_after_failures <= 0:
+        return None
+    ids = tuple(sorted(state.refuted))
+    why = "; ".join(f"{rid}: {state.refuted[rid]}" for rid in ids[:3])
+    return Decision(None, f"refusing the claim of {list(ids)}: {why}", "quarantine", ids)
 
 
 def _quarantine_suspects(
@@ -463,9 +531,9 @@ def _cut_apart(
         for a, b in links:
             degree[a] = degree.get(a, 0) + 1
             degree[b] = degree.get(b, 0) + 1
-        # most links, then behind, then unproven, then the higher id
+        # most links, then unproven, then behind, then the higher id
         out = max(
-            (n, -by_id[rid].step, int(rid not in state.proven), rid) for rid, n in degree.items()
+            (n, int(rid not in state.proven), -by_id[rid].step, rid) for rid, n in degree.items()
         )[3]
         excluded.append(out)
         links = {link for link in links if out not in link}
@@ -478,10 +546,10 @@ def _cut_apart(
 
 
 def _refusal(
-    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig, now: float
 ) -> Decision | None:
     """Rule 5, then rule 6: why ``members`` must not be issued, or None."""
-    return _unless_behind(members, state) or _unless_committed(members, state, config)
+    return _unless_behind(members, state, now) or _unless_committed(members, state, config)
 
 
 def _unless_committed(
@@ -503,15 +571,22 @@ def _unless_committed(
     )
 
 
-def _unless_behind(members: tuple[QuorumMember, ...], state: QuorumState) -> Decision | None:
-    """A "behind" refusal if a live replica outside `members` reported a higher step (rule 5).
+def _unless_behind(
+    members: tuple[QuorumMember, ...], state: QuorumState, now: float
+) -> Decision | None:
+    """A "behind" refusal if a live replica outside `members` reported a higher step
+    (rule 5); a quarantined replica that is unproven does not count (rule 9).
 
     O(live replicas); runs only when a quorum would otherwise be issued.
     """
     top = max((m.step for m in members), default=0)
     inside = {m.replica_id for m in members}
     ahead = sorted(
-        (m.step, rid) for rid, m in state.last_member.items() if rid not in inside and m.step > top
+        (m.step, rid)
+        for rid, m in state.last_member.items()
+        if rid not in inside
+        and m.step > top
+        and (rid in state.proven or not state.is_quarantined(rid, now))
     )
     if not ahead:
         return None

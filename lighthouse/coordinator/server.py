@@ -37,7 +37,6 @@ from lighthouse.coordinator.admission import (
     MAX_STREAMS_PER_REPLICA,
     Admission,
     Refusal,
-    step_jump,
 )
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
 from lighthouse.coordinator.job_state import JobStateFile
@@ -438,11 +437,11 @@ class LighthouseServer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{rpc}: {exc}")
         await self._admit(rpc, member.replica_id, context)
         state = self.core.state
-        jump = step_jump(
+        jump = self._admission.step_jump_once(
             member.replica_id,
             member.step,
             state.committed_step,
-            known=state.committed_step > 0 or self.core.quorums_issued > 0,
+            known=state.committed_step > 0 or state.commits.members > 0,
         )
         if jump is not None:
             log.warning("%s", jump)

@@ -249,7 +249,8 @@ def test_a_replica_far_ahead_of_the_committed_step_is_explained_in_one_log_line(
         min_replicas=1, join_timeout_ms=0, heartbeat_timeout_ms=200, job_secret=SECRET
     ) as lh:
         client = LighthouseClient(lh.address(), job_secret=SECRET)
-        client.quorum("steady", T, step=5)
+        client.quorum("steady", T, step=4)
+        client.quorum("steady", T, step=5)  # it committed step 4: the job is at 5
         for _ in range(3):  # the ghost retries: one line, not three
             client.quorum("far-ahead", T, step=1000)
         client.quorum("steady", T, step=1001)  # one step above: not worth a line

@@ -143,6 +143,8 @@ def test_health_says_behind_silent_waiting_and_quarantined() -> None:
     for rid in ("ok", "slow", "quiet", "held"):
         state.request(QuorumMember(rid, step=10), now=0.0)
     state.issue(tuple(p.member for p in state.pending.values()), now=0.0, created_unix_ms=0)
+    for rid in ("ok", "slow", "quiet", "held"):  # they committed step 10 together: proven
+        state.report_progress(rid, 11, 5.0)
     state.request(QuorumMember("new", step=0), now=0.0)
     state.report_progress("ok", 20, 5.0)
     state.heartbeat("ok", 3.0)
@@ -161,7 +163,7 @@ def test_health_says_behind_silent_waiting_and_quarantined() -> None:
     status = {r.replica_id: r.status for r in rows}
     assert status == {
         "ok": Health.OK,
-        "slow": Health.BEHIND,  # step 10 while the job committed 20 (a lag of 2 is normal)
+        "slow": Health.BEHIND,  # step 11 while a proven peer is at 20 (a lag of 2 is normal)
         "quiet": Health.SILENT,  # last seen 3 s ago, with a 5 s heartbeat timeout
         "held": Health.QUARANTINED,
         "new": Health.WAITING,

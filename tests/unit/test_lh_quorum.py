@@ -231,8 +231,9 @@ def test_a_dead_replica_that_was_ahead_leaves_a_refusal_not_a_silent_reset() -> 
     """Rule 5 stops waiting for a dead replica; rule 6 still refuses to go below its step."""
     clock, state = FakeClock(), QuorumState("e")
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
-    ask(state, clock, "a", step=9)
+    ask(state, clock, "a", step=8)
     decide_and_issue(state, clock, cfg)
+    state.report_progress("a", 9, 1.0)  # a committed step 8 on its lease
     ask(state, clock, "b", step=3)
     ask(state, clock, "c", step=3)
     clock.advance(2)
@@ -261,18 +262,66 @@ def test_committed_step_survives_in_the_state_and_passes_a_replica_at_that_step(
     assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh", "loaded"])
 
 
-def test_committed_step_grows_with_requests_and_lease_progress() -> None:
+def test_committed_step_grows_with_what_the_quorum_reports_after_it() -> None:
     clock, state = FakeClock(), QuorumState("e")
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
     ask(state, clock, "a", step=4)
-    assert state.committed_step == 4
+    assert state.committed_step == 0  # a claim, not a committed step
     decide_and_issue(state, clock, cfg)
+    assert state.committed_step == 0  # nor is being issued a quorum
     state.report_progress("a", 12, 1.0)  # a ran steps on its lease
     assert state.committed_step == 12
     state.forget("a")
     ask(state, clock, "b", step=11)
     d = decide_quorum(clock.now(), state, cfg)
     assert d.kind == "below_committed" and "committed step 12" in d.reason
+
+
+def test_a_claim_that_vanishes_leaves_nothing_behind() -> None:
+    """One request claiming step 2**62 is taken into a quorum and vanishes: the
+    committed step is what the others reach, and they go on at once."""
+    clock, state = FakeClock(), QuorumState("e", committed_step=1326)
+    for rid in ("a", "b"):
+        ask(state, clock, rid, step=1326)
+    decide_and_issue(state, clock)
+    for rid in ("a", "b"):  # both committed a step together: proven
+        ask(state, clock, rid, step=1327)
+    assert state.committed_step == 1327 and state.proven == {"a", "b"}
+    ask(state, clock, "ghost", step=2**62)
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "ghost"])
+    assert state.committed_step == 1327  # nobody reported since
+    state.withdraw("ghost")  # its deadline passed; it sends nothing more
+    for rid in ("a", "b"):  # they could not heal from it: the step failed
+        ask(state, clock, rid, step=1327, commit_failures=1)
+    assert state.committed_step == 1327  # the ghost never reported: not reached together
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind == "quarantine" and d.quarantine == ("ghost",), d.reason  # rule 9
+    assert "claimed step 4611686018427387904" in d.reason
+    state.quarantine(d.quarantine, clock.now(), CFG, d.reason)
+    assert decide_and_issue(state, clock) == ("ready", ["a", "b"])  # rule 5 skips it
+    state.forget("ghost")  # gone: its quarantine record with it
+    assert "ghost" not in state.quarantined and state.committed_step == 1327
+    for rid in ("a", "b"):
+        ask(state, clock, rid, step=1328)
+    assert state.committed_step == 1328
+
+
+def test_a_member_claiming_ahead_commits_nothing_until_the_others_reach_it() -> None:
+    clock, state = FakeClock(), QuorumState("e")
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    for rid in ("a", "b", "liar"):
+        ask(state, clock, rid, step=5)
+    decide_and_issue(state, clock, cfg)
+    state.report_progress("liar", 10**9, 1.0)  # a lying ping
+    ask(state, clock, "a", step=6)
+    assert state.committed_step == 0  # b has not reported
+    ask(state, clock, "b", step=5, commit_failures=1)  # b failed the step
+    assert state.committed_step == 5  # what all three hold
+    state.forget("liar")  # vanishing undoes nothing committed, and adds nothing
+    assert state.committed_step == 5
+    state.report_progress("a", 6, 1.0)
+    ask(state, clock, "b", step=6)
+    assert state.committed_step == 6 and "liar" not in state.proven
 
 
 QCFG = QuorumConfig(
