@@ -1,11 +1,14 @@
 """The job's committed step on disk, so a restarted lighthouse still refuses a reset.
 
-The lighthouse keeps the highest step any replica reported (quorum rule 6). In
+The lighthouse keeps the job's committed step (quorum rule 6): what the members
+of a quorum reached together, never a step one request claims
+(``lighthouse.coordinator.committed``), so the file only ever holds committed
+facts, and a file that holds anything else is refused at start (``load``). In
 memory alone it would be lost with the lighthouse; a lighthouse restarted
 while every up-to-date replica is also gone would then let a fresh replica
 restart the job from step 0. ``JobStateFile`` records it in a small JSON file
 (``{"committed_step": N, "quorum_members": M, "epoch": ...,
-"updated_unix_ms": ...}``; ``quorum_members``, the size of the latest quorum,
+"updated_unix_ms": ...}``; ``quorum_members``, how many members last reached a step together,
 lets a restarted lighthouse wait for that many replicas before it trusts a
 small quorum, see rule 3 in ``quorum.py``), replaced
 atomically (write a temporary file, then rename) so a crash mid-write leaves
@@ -35,9 +38,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobStateFile"]
+__all__ = ["MAX_RECORDED_MEMBERS", "MAX_RECORDED_STEP", "JobStateFile"]
 
 DEFAULT_MIN_INTERVAL_S = 0.1
+#: The highest committed step a state file may record: 2**53, where JSON readers
+#: (the dashboard's JavaScript among them) stop counting exactly; a million steps a
+#: second would take 285 years to get there. A larger number is absurd, not a job.
+MAX_RECORDED_STEP = 2**53
+#: The largest quorum a state file may record (a lighthouse tracks 4096 replica ids
+#: by default; ``max_tracked_replicas`` may raise that, not to a million).
+MAX_RECORDED_MEMBERS = 2**20
 
 log = logging.getLogger("lighthouse")
 
@@ -62,8 +72,13 @@ class JobStateFile:
     def load(self) -> int:
         """The recorded committed step; 0 if the file does not exist yet.
 
-        Raises ``ValueError`` naming the file if it exists but is not a record
-        this class wrote: silently treating it as step 0 would defeat its purpose.
+        Raises ``ValueError`` naming the file, the field, its value and what was
+        expected if the file exists but is not a record this class could have
+        written: corrupt (not JSON, not an object, no ``committed_step``) or
+        absurd (a step above ``MAX_RECORDED_STEP``, a quorum size above
+        ``MAX_RECORDED_MEMBERS``, a negative or non-integer number). Obeying
+        such a file would refuse every quorum below a step nobody holds, and
+        treating it as step 0 would defeat its purpose: the operator decides.
         """
         try:
             text = self.path.read_text(encoding="utf-8")
@@ -72,23 +87,32 @@ class JobStateFile:
             return 0
         try:
             record = json.loads(text)
-            step = record["committed_step"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"lighthouse state file {str(self.path)!r} is not a job-state record "
-                f'(expected JSON {{"committed_step": <int>, ...}}): {exc}'
-            ) from None
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(
-                f"lighthouse state file {str(self.path)!r}: committed_step must be an int >= 0, "
-                f"got {step!r}"
+        except ValueError as exc:
+            raise self._refused(f"it is not JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise self._refused(f"expected a JSON object, got {type(record).__name__}")
+        if "committed_step" not in record:
+            raise self._refused(
+                f'it is not a job-state record (expected JSON {{"committed_step": <int>, ...}}, '
+                f"got the keys {sorted(record)[:8]})"
             )
-        members = record.get("quorum_members", 0)  # absent in older records
-        if isinstance(members, bool) or not isinstance(members, int) or members < 0:
-            members = 0
+        step = _counter(self, record, "committed_step", MAX_RECORDED_STEP)
+        members = _counter(self, record, "quorum_members", MAX_RECORDED_MEMBERS)
+        epoch = record.get("epoch", "")
+        if not isinstance(epoch, str) or len(epoch) > 64:
+            raise self._refused(
+                f"epoch must be a string of at most 64 characters, got {epoch!r:.80}"
+            )
         self.quorum_members = members
         self._saved = (step, members)
         return step
+
+    def _refused(self, why: str) -> ValueError:
+        return ValueError(
+            f"lighthouse state file {str(self.path)!r} is refused: {why}. It is not obeyed: "
+            "fix it, move it away (the committed step is then learnt again from what the "
+            "replicas reach together), or choose another with --state-file"
+        )
 
     def record(
         self, committed_step: int, now: float | None = None, quorum_members: int = 0
@@ -174,3 +198,12 @@ class JobStateFile:
             with contextlib.suppress(OSError):
                 tmp.unlink()  # a half-written temporary (a full disk) is not left behind
             raise
+
+
+def _counter(f: JobStateFile, record: dict[str, Any], key: str, maximum: int) -> int:
+    """``record[key]``, an int in [0, ``maximum``] (0 if absent: older records
+    have no ``quorum_members``), else ``f``'s refusal naming it."""
+    value = record.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+        raise f._refused(f"{key} must be an int in [0, {maximum}], got {value!r:.80}")
+    return value

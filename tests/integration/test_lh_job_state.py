@@ -33,7 +33,9 @@ def _ask(addr: str, rid: str, step: int, timeout_s: float) -> list[str]:
 def test_restarted_lighthouse_refuses_a_reset_below_the_recorded_step(tmp_path: Path) -> None:
     state = tmp_path / "job.json"
     with lighthouse(min_replicas=1, join_timeout_ms=0, state_file=state) as lh:
-        assert _ask(lh.address(), "a", 7, 5) == ["a"]
+        assert _ask(lh.address(), "a", 6, 5) == ["a"]
+        assert lh.status()["committed_step"] == 0  # a claim: nobody reported after it yet
+        assert _ask(lh.address(), "a", 7, 5) == ["a"]  # a committed step 6: it holds 7
     assert json.loads(state.read_text())["committed_step"] == 7  # flushed at shutdown
 
     with lighthouse(min_replicas=1, join_timeout_ms=0, state_file=state) as lh:
@@ -63,8 +65,9 @@ def test_a_restarted_lighthouse_waits_for_a_majority_of_the_quorum_before_shutdo
         lighthouse(min_replicas=3, join_timeout_ms=5000, state_file=state) as lh,
         ThreadPoolExecutor(3) as pool,
     ):
-        asks = [pool.submit(_ask, lh.address(), rid, 4, 10) for rid in ("a", "b", "c")]
-        assert all(sorted(f.result()) == ["a", "b", "c"] for f in asks)
+        for step in (3, 4):  # the second round reports that all three reached step 4
+            asks = [pool.submit(_ask, lh.address(), rid, step, 10) for rid in ("a", "b", "c")]
+            assert all(sorted(f.result()) == ["a", "b", "c"] for f in asks)
     record = json.loads(state.read_text())
     assert (record["committed_step"], record["quorum_members"]) == (4, 3), record
 
@@ -99,7 +102,9 @@ def test_a_state_file_that_is_not_ours_is_an_error_naming_it(tmp_path: Path) -> 
         pass
     bad.write_text('{"committed_step": -1}')
     with (
-        pytest.raises(ValueError, match="committed_step must be an int >= 0, got -1"),
+        pytest.raises(
+            ValueError, match=r"committed_step must be an int in \[0, 9007199254740992\], got -1"
+        ),
         lighthouse(state_file=bad),
     ):
         pass
@@ -128,7 +133,10 @@ def test_a_state_file_that_cannot_be_written_fails_no_quorum_and_shows_on_status
     directory = tmp_path / "state"
     state = directory / "job.json"
     with lighthouse(min_replicas=1, join_timeout_ms=0, state_file=state) as lh:
-        assert _ask(lh.address(), "a", 1, 5) == ["a"]
+        assert _ask(lh.address(), "a", 0, 5) == ["a"]
+        assert _ask(lh.address(), "a", 1, 5) == ["a"]  # committed step 1: written
+        _state_error_when(lh, lambda e: e is None)
+        assert state.exists()
         assert lh.status()["job_state_error"] is None
         shutil.rmtree(directory)
         directory.write_text("not a directory")  # every write fails from here on

@@ -71,3 +71,49 @@ def test_a_failed_write_raises_nothing_is_reported_once_and_retried(
     assert JobStateFile(f.path).load() == 4
     assert "written again (committed step 4) after 3 failed write(s)" in caplog.text
     assert [p.name for p in directory.iterdir()] == ["s.json"]  # no temporary left
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ("{not json", "it is not JSON"),
+        ("[7]", "expected a JSON object, got list"),
+        ('{"step": 7}', "it is not a job-state record"),
+        (
+            '{"committed_step": 4611686018427387904}',
+            "committed_step must be an int in [0, 9007199254740992], got 4611686018427387904",
+        ),
+        ('{"committed_step": -1}', "committed_step must be an int in [0, "),
+        ('{"committed_step": 1.5}', "committed_step must be an int in [0, "),
+        ('{"committed_step": true}', "committed_step must be an int in [0, "),
+        (
+            '{"committed_step": 5, "quorum_members": -2}',
+            "quorum_members must be an int in [0, 1048576], got -2",
+        ),
+        (
+            '{"committed_step": 5, "quorum_members": 99999999}',
+            "quorum_members must be an int in [0, 1048576]",
+        ),
+        ('{"committed_step": 5, "quorum_members": "3"}', "quorum_members must be an int"),
+        ('{"committed_step": 5, "epoch": 12}', "epoch must be a string"),
+    ],
+)
+def test_a_corrupt_or_absurd_file_is_refused_with_what_is_wrong(
+    tmp_path: Path, content: str, says: str
+) -> None:
+    """Obeying an absurd step would refuse every quorum for good; reading it as 0 would
+    drop the protection silently: the operator is told, and decides."""
+    f = JobStateFile(tmp_path / "s.json")
+    f.path.write_text(content)
+    with pytest.raises(ValueError) as info:
+        f.load()
+    message = str(info.value)
+    assert str(f.path) in message and "is refused" in message and says in message, message
+    assert "--state-file" in message
+    assert f.path.read_text() == content  # left for the operator, untouched
+
+
+def test_the_largest_plausible_step_and_quorum_are_read(tmp_path: Path) -> None:
+    f = JobStateFile(tmp_path / "s.json")
+    f.path.write_text(json.dumps({"committed_step": 2**53, "quorum_members": 2**20}))
+    assert (f.load(), f.quorum_members) == (2**53, 2**20)
