@@ -134,3 +134,11 @@ def test_the_manager_refuses_a_bad_timeout_before_anything_starts() -> None:
 
     with pytest.raises(ValueError, match=r"Manager\(connect_timeout=\.\.\.\) must be positive"):
         make([result()], connect_timeout=timedelta(seconds=-1))
+
+
+def test_a_wrapper_reports_the_timeout_of_the_group_it_wraps() -> None:
+    from torchft_pg.process_group import ProcessGroupGloo, ProcessGroupWrapper
+
+    inner = ProcessGroupGloo(timeout=5)
+    assert ProcessGroupWrapper(inner).timeout == 5 * S
+    assert ProcessGroupWrapper(timeout=7).timeout == 7 * S

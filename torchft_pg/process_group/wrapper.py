@@ -71,8 +71,10 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
 
     @property
     def timeout(self) -> timedelta:
-        """The bound on rendezvous and on every operation (`set_timeout` changes it)."""
-        return self._timeout
+        """The bound on rendezvous and on every operation (`set_timeout` changes it);
+        around a user's group, that group's own bound when it has one."""
+        inner = getattr(self._wrapped, "timeout", None)
+        return inner if isinstance(inner, timedelta) else self._timeout
 
     # -- hooks -------------------------------------------------------------------
     def _create_pg(self, store: Store, rank: int, world_size: int) -> Any:
