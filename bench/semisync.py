@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import socket
 import statistics
 import subprocess
@@ -58,7 +59,9 @@ WIDTH = 512
 BATCH = 8
 ONE_WAY_MS = 25.0  # the latency variant: each link's delay, each way (50 ms round trip)
 LOOPBACK = "127.0.0.1"
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+# One job secret for the lighthouses and groups: on network namespaces their servers
+# listen beyond loopback, which a job needs a secret for (lighthouse.exposure).
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHFT_JOB_SECRET": secrets.token_hex(16)}
 
 
 def run_scheme(lighthouse: str, index: int, scheme: str, host: str) -> dict[str, Any]:

@@ -12,10 +12,11 @@ Each setting: its environment variable, unit and default.
                                           and checkpoint servers (default: the machine's hostname
                                           for the manager server, loopback-safe for checkpoints)
 - bind_host        TORCHFT_BIND_HOST      the address this rank's manager server (group rank 0) and
-                                          checkpoint server listen on, e.g. 127.0.0.1 for a job on
-                                          one machine or one interface's address (default: every
-                                          interface, ``::`` and ``0.0.0.0``, so other machines can
-                                          heal from it)
+                                          checkpoint server listen on, e.g. one interface's address
+                                          (default: every interface, ``::`` and ``0.0.0.0``, when
+                                          the job has a secret, TORCHFT_JOB_SECRET; loopback when
+                                          it has none. Beyond loopback without a secret is refused
+                                          unless TORCHFT_INSECURE=1: see lighthouse.exposure)
 Explicit constructor arguments win over the environment.
 
 The Manager's timeouts follow torchft's precedence instead: each variable,
@@ -195,7 +196,7 @@ class ManagerConfig:
     replica_id: str
     port: int
     hostname: str | None = None
-    bind_host: str | None = None  # None: every interface (see the module docstring)
+    bind_host: str | None = None  # None: every interface with a job secret, else loopback
 
     @classmethod
     def from_env(

@@ -187,8 +187,9 @@ class Manager:
             checkpoint_transport
             or HTTPTransport(
                 timeout,
-                # TORCHFT_BIND_HOST (config) narrows where heals are served; default: everywhere
-                bind_host=(config.bind_host if config and config.bind_host else "0.0.0.0"),
+                # TORCHFT_BIND_HOST (config) places the heal server; default: every
+                # interface with a job secret, loopback without (lighthouse.exposure)
+                bind_host=(config.bind_host if config and config.bind_host else None),
                 advertise_host=hostname,
             ),
             self._connect_manager,

@@ -15,7 +15,14 @@ from datetime import timedelta
 
 from torch.distributed import TCPStore
 
-from lighthouse import LocalManagerClient, ManagerClient, ManagerClientProtocol, ManagerServer
+from lighthouse import (
+    LocalManagerClient,
+    ManagerClient,
+    ManagerClientProtocol,
+    ManagerServer,
+    auth,
+    exposure,
+)
 from torchft_pg.config import ManagerConfig
 
 __all__ = [
@@ -54,10 +61,14 @@ def advertised_store_addr(store_addr: str, store_port: int, hostname: str | None
     return f"{host}:{store_port}"
 
 
-def manager_bind(config: ManagerConfig) -> str:
-    """The manager server's listen address, ``host:port``: `config.bind_host` (every
-    interface if None) and `config.port`."""
-    host = config.bind_host or "::"
+def manager_bind(config: ManagerConfig, job_secret: str | None = None) -> str:
+    """The manager server's listen address, ``host:port``: `config.bind_host` and
+    `config.port`. With no bind host: every interface if the job has a secret
+    (`job_secret`, else the environment's) or ``TORCHFT_INSECURE`` is set, else
+    loopback (``lighthouse.exposure``)."""
+    host = config.bind_host or exposure.default_host(
+        auth.resolve_job_secret(job_secret), exposure.insecure_opted_out()
+    )
     return f"[{host}]:{config.port}" if ":" in host else f"{host}:{config.port}"
 
 

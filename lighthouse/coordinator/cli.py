@@ -20,6 +20,8 @@ import sys
 import threading
 from typing import Any
 
+from lighthouse import auth, exposure
+from lighthouse._net import join_host_port
 from lighthouse.connection_policy import (
     DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
     DEFAULT_UNAUTHENTICATED_TIMEOUT_S,
@@ -35,8 +37,8 @@ from lighthouse.coordinator.quorum import (
 from lighthouse.coordinator.server import DEFAULT_MAX_CONNECTIONS, LighthouseServer
 from lighthouse.tls import resolve_tls
 
-DEFAULT_BIND = "[::]:29510"
-DEFAULT_HTTP_BIND = "[::]:29511"
+DEFAULT_PORT = 29510
+DEFAULT_HTTP_PORT = 29511
 # torchft's command-line default join timeout (its Python LighthouseServer's is 100 ms).
 TORCHFT_JOIN_TIMEOUT_MS = 60_000
 
@@ -62,7 +64,13 @@ def build_parser(
         description="The torchft_pg lighthouse: decides every quorum, detects dead replica groups.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--bind", default=DEFAULT_BIND, help="gRPC listen address host:port")
+    p.add_argument(
+        "--bind",
+        default=None,
+        help=f"gRPC listen address host:port; default: [::]:{DEFAULT_PORT} (every interface) "
+        f"with a job secret, else localhost:{DEFAULT_PORT} (this machine only). Beyond "
+        "loopback without a job secret: refused unless --insecure",
+    )
     p.add_argument(
         "--min-replicas",
         type=int,
@@ -96,8 +104,15 @@ def build_parser(
     )
     p.add_argument(
         "--http-bind",
-        default=DEFAULT_HTTP_BIND,
-        help="dashboard, /status and /metrics host:port; 'none' to disable",
+        default=None,
+        help="dashboard, /status and /metrics host:port; 'none' to disable; default: "
+        f"[::]:{DEFAULT_HTTP_PORT} with a job secret, else localhost:{DEFAULT_HTTP_PORT}",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help=f"listen beyond loopback without a job secret (as ${exposure.INSECURE_ENV}=1 "
+        "does): anyone who can reach the ports can join, read or stop the job",
     )
     p.add_argument(
         "--state-file",
@@ -180,6 +195,19 @@ def build_parser(
     return p
 
 
+def default_binds(
+    bind: str | None, http_bind: str | None, secret: str | None, insecure: bool
+) -> tuple[str, str | None]:
+    """The gRPC and status binds: the flags as given ('none' disables the status
+    page), else port 29510 and 29511 on every interface with a job ``secret`` (or
+    ``insecure``) and on ``localhost`` without (``lighthouse.exposure``)."""
+    host = exposure.default_host(secret, insecure)
+    grpc_bind = bind or join_host_port(host, DEFAULT_PORT)
+    if http_bind is None:
+        return grpc_bind, join_host_port(host, DEFAULT_HTTP_PORT)
+    return grpc_bind, None if http_bind.lower() == "none" else http_bind
+
+
 def state_file_for(arg: str, bind: str) -> str | None:
     """The ``--state-file`` path: None for 'none', a per-port file in the working
     directory for 'auto' (None if the port is 0: a fresh port each start)."""
@@ -208,16 +236,19 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         if args.job_secret_file:
             with open(args.job_secret_file, encoding="utf-8") as f:
                 secret = f.read().strip()
+        secret = auth.resolve_job_secret(secret)
+        insecure = args.insecure or exposure.insecure_opted_out()
+        bind, http_bind = default_binds(args.bind, args.http_bind, secret, insecure)
         server = LighthouseServer(
-            bind=args.bind,
+            bind=bind,
             min_replicas=args.min_replicas,
             join_timeout_ms=args.join_timeout_ms,
             quorum_tick_ms=args.quorum_tick_ms,
             heartbeat_timeout_ms=args.heartbeat_timeout_ms,
             quorum_lease=not args.no_quorum_lease,
-            http_bind=None if args.http_bind.lower() == "none" else args.http_bind,
+            http_bind=http_bind,
             hostname=args.hostname,
-            state_file=state_file_for(args.state_file, args.bind),
+            state_file=state_file_for(args.state_file, bind),
             allow_step_reset=args.allow_step_reset,
             quarantine_after_failures=args.quarantine_after_failures,
             quarantine_base_ms=args.quarantine_base_ms,
@@ -227,6 +258,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             max_connections=args.max_connections,
             max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
             unauthenticated_timeout_ms=args.unauthenticated_timeout_ms,
+            insecure=insecure,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import auth, services, validate, wire
+from lighthouse import auth, exposure, services, validate, wire
 from lighthouse._conn_guard import ConnectionGuard
 from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
@@ -109,6 +109,11 @@ class LighthouseServer:
 
     Args:
         bind: gRPC listen address, ``host:port`` (port 0 picks a free one).
+            None: ``[::]:0`` (every interface) with a job secret, else
+            ``localhost:0`` (this machine only). A bind beyond loopback without
+            a job secret raises ``ValueError`` unless ``insecure``
+            (``lighthouse.exposure``); torchft's Ray Train integration binds
+            ``[::]:0`` and so needs ``TORCHFT_JOB_SECRET`` (or ``TORCHFT_INSECURE=1``).
         min_replicas: fewest replica groups for a (non-fast) quorum, an int >= 1.
         join_timeout_ms: milliseconds (int >= 0) to wait for live replicas that
             have not asked yet, counted from the first pending request;
@@ -123,9 +128,10 @@ class LighthouseServer:
             steps where nothing changes (``lighthouse.coordinator.lease``); False makes every
             step a full quorum round, as in torchft.
         http_bind: ``host:port`` for the dashboard, ``/status`` and ``/metrics``;
-            None serves no HTTP.
+            None serves no HTTP. Checked like ``bind``.
         hostname: host to advertise in ``address()``; default: the bind host,
-            or the machine's host name for a wildcard bind.
+            or the machine's host name for a wildcard bind. A loopback bind
+            advertises a loopback host only (``ValueError`` otherwise).
         clock: time source (seconds); tests inject a ``FakeClock``.
         epoch: override the random start-up id (tests only).
         state_file: where to keep the job's committed step (a small JSON file,
@@ -173,6 +179,8 @@ class LighthouseServer:
             so the other half stays free for the job; a flood is logged once
             when it starts and once when it ends
             (``lighthouse.connection_policy``).
+        insecure: listen beyond loopback without a job secret (one warning
+            says so); None: ``$TORCHFT_INSECURE``. Default: refused.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -180,7 +188,7 @@ class LighthouseServer:
 
     def __init__(
         self,
-        bind: str = "[::]:0",
+        bind: str | None = None,
         min_replicas: int = DEFAULT_MIN_REPLICAS,
         join_timeout_ms: int | None = None,
         quorum_tick_ms: int | None = None,
@@ -202,9 +210,15 @@ class LighthouseServer:
         max_connections: int | None = None,
         max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
         unauthenticated_timeout_ms: int | None = None,
+        insecure: bool | None = None,
     ) -> None:
+        self._job_secret = auth.resolve_job_secret(job_secret)
+        insecure = exposure.insecure_opted_out(insecure)
+        if bind is None:
+            host = exposure.default_host(self._job_secret, insecure)
+            bind = join_host_port(host, 0)
         if not isinstance(bind, str):
-            raise TypeError(f"bind must be a 'host:port' string, got {bind!r}")
+            raise TypeError(f"bind must be a 'host:port' string or None, got {bind!r}")
         for name, value in (
             ("min_replicas", min_replicas),
             ("quarantine_after_failures", quarantine_after_failures),
@@ -250,10 +264,17 @@ class LighthouseServer:
         )
         self._tick_s = quorum_tick_ms / 1000
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
-        self._job_secret = auth.resolve_job_secret(job_secret)
         self.job_id = auth.resolve_job_id(job_id)
         self._tls = tls if tls is not None else resolve_tls()
         bind_host, _ = split_host_port(bind, "bind")
+        exposure.check_bind("the lighthouse", bind, bind_host, self._job_secret, insecure)
+        if http_bind is not None:
+            http_host, _ = split_host_port(http_bind, "http_bind")
+            exposure.check_bind(
+                "the lighthouse's status page", http_bind, http_host, self._job_secret, insecure
+            )
+        if hostname:
+            exposure.check_advertised("the lighthouse", bind_host, hostname)
         auth.warn_if_exposed(log, "the lighthouse", bind_host, self._job_secret)
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()

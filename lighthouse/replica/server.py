@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import auth, services, validate, wire
+from lighthouse import auth, exposure, services, validate, wire
 from lighthouse._conn_guard import ConnectionGuard
 from lighthouse._loop import background_loop, run_sync
 from lighthouse._net import (
@@ -85,7 +85,11 @@ class ManagerServer:
         lighthouse_addr: the lighthouse, ``host:port``.
         hostname: host to advertise to peers; default: the bind host, or the
             machine's name for a wildcard bind (pass the right NIC's address).
-        bind: listen address ``host:port`` (port 0 picks one).
+        bind: listen address ``host:port`` (port 0 picks one). None: ``[::]:0``
+            (every interface) with a job secret, else ``localhost:0``; beyond
+            loopback without a job secret: ``ValueError`` unless ``insecure``
+            (``lighthouse.exposure``). A loopback bind advertises only a
+            loopback ``hostname``.
         store_addr: this group's rendezvous store ``host:port``.
         world_size: ranks in the replica group (>= 1).
         heartbeat_interval: period of liveness pings to the lighthouse.
@@ -121,6 +125,8 @@ class ManagerServer:
             authenticated are also kept to half of ``max_connections`` in all;
             a flood is logged once when it starts and once when it ends
             (``lighthouse.connection_policy``).
+        insecure: listen beyond loopback without a job secret; None:
+            ``$TORCHFT_INSECURE``. Default: refused.
     """
 
     def __init__(
@@ -128,7 +134,7 @@ class ManagerServer:
         replica_id: str,
         lighthouse_addr: str,
         hostname: str | None = None,
-        bind: str = "[::]:0",
+        bind: str | None = None,
         store_addr: str = "",
         world_size: int = 1,
         heartbeat_interval: timedelta = timedelta(milliseconds=100),
@@ -143,6 +149,7 @@ class ManagerServer:
         max_connections: int | None = None,
         max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
         unauthenticated_timeout: timedelta = timedelta(seconds=DEFAULT_UNAUTHENTICATED_TIMEOUT_S),
+        insecure: bool | None = None,
     ) -> None:
         validate.check_replica_id(replica_id)
         if world_size < 1:
@@ -176,7 +183,13 @@ class ManagerServer:
         self._on_kill = on_kill or _exit_process
         self._job_secret = auth.resolve_job_secret(job_secret)
         self._tls = tls if tls is not None else resolve_tls()
+        insecure = exposure.insecure_opted_out(insecure)
+        if bind is None:
+            bind = join_host_port(exposure.default_host(self._job_secret, insecure), 0)
         bind_host, _ = split_host_port(bind, "bind")
+        exposure.check_bind("the manager server", bind, bind_host, self._job_secret, insecure)
+        if hostname:
+            exposure.check_advertised("the manager server", bind_host, hostname)
         auth.warn_if_exposed(log, "the manager server", bind_host, self._job_secret)
         self._host = advertised_host(bind_host, hostname)
         self._lease = LeaseHolder()

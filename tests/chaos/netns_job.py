@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import selectors
 import shutil
 import signal
@@ -139,6 +140,7 @@ class Job:
         self.procs: dict[str, _Proc] = {}
         self.crashed: list[str] = []  # processes that died of a signal
         self.lh_addr = f"{net.addr(LH_HOST)}:{LH_PORT}"
+        self.secret = secrets.token_hex(16)  # the job secret of every process it starts
         self._lh_args = [
             "--bind", self.lh_addr,
             "--min-replicas", str(min_replicas),
@@ -170,7 +172,14 @@ class Job:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
+            # every process of the job shares one secret: their servers listen beyond
+            # loopback (the namespace's address), which needs one
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONFAULTHANDLER": "1",
+                "TORCHFT_JOB_SECRET": self.secret,
+            },
             start_new_session=True,
             preexec_fn=die_with_parent,
         )

@@ -116,14 +116,25 @@ def test_torchft_lighthouse_is_installed_and_takes_both_spellings(flag: str) -> 
 
 def test_ray_trains_lighthouse_actor_pattern() -> None:
     # Ray Train's TorchftConfig starts the lighthouse this way and hands its
-    # address() to the workers as TORCHFT_LIGHTHOUSE.
+    # address() to the workers as TORCHFT_LIGHTHOUSE. It listens on every
+    # interface, so it needs the job secret in its environment (closed unless opened).
     out = run(
         """
+        import os
+        for var in ("TORCHFT_JOB_SECRET", "TORCHFT_JOB_SECRET_FILE", "TORCHFT_INSECURE"):
+            os.environ.pop(var, None)
         from torchft.coordination import LighthouseServer
+        try:
+            LighthouseServer(**({"bind": "[::]:0"} | {"min_replicas": 1}))
+        except ValueError as exc:
+            print("refused:", "TORCHFT_JOB_SECRET" in str(exc))
+        os.environ["TORCHFT_JOB_SECRET"] = "a-secret-for-this-job"
         lighthouse = LighthouseServer(**({"bind": "[::]:0"} | {"min_replicas": 1}))
         print(lighthouse.address())
         lighthouse.shutdown()
         """
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().startswith("http://")
+    refused, address = out.stdout.strip().splitlines()[-2:]
+    assert refused == "refused: True"
+    assert address.startswith("http://")

@@ -154,7 +154,7 @@ def test_millisecond_arguments_take_none_as_our_default() -> None:
         ({"min_replicas": None}, TypeError, "min_replicas must be an int, got None"),
         ({"min_replicas": 1.5}, TypeError, "min_replicas must be an int, got 1.5"),
         ({"min_replicas": 0}, ValueError, "min_replicas must be >= 1, got 0"),
-        ({"bind": None}, TypeError, "bind must be a 'host:port' string, got None"),
+        ({"bind": 5}, TypeError, "bind must be a 'host:port' string or None, got 5"),
     ],
 )
 def test_bad_server_arguments_name_the_value_before_anything_binds(
@@ -193,11 +193,25 @@ def test_every_flag_takes_torchfts_underscore_spelling_too() -> None:
 def test_torchft_lighthouse_has_torchfts_defaults_and_requires_min_replicas(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from lighthouse.coordinator.cli import TORCHFT_JOIN_TIMEOUT_MS, build_parser, torchft_main
+    from lighthouse.coordinator.cli import (
+        TORCHFT_JOIN_TIMEOUT_MS,
+        build_parser,
+        default_binds,
+        torchft_main,
+    )
 
     parser = build_parser("torchft_lighthouse", None, TORCHFT_JOIN_TIMEOUT_MS)
     args = parser.parse_args(["--min_replicas", "1"])
-    assert (args.bind, args.join_timeout_ms, args.quorum_tick_ms) == ("[::]:29510", 60_000, 100)
+    assert (args.join_timeout_ms, args.quorum_tick_ms) == (60_000, 100)
+    # torchft's [::]:29510 with a job secret; this machine only without one
+    assert default_binds(args.bind, args.http_bind, None, False) == (
+        "localhost:29510",
+        "localhost:29511",
+    )
+    assert default_binds(args.bind, args.http_bind, "s" * 16, False) == (
+        "[::]:29510",
+        "[::]:29511",
+    )
     assert args.heartbeat_timeout_ms == DEFAULT_HEARTBEAT_TIMEOUT_MS
     with pytest.raises(SystemExit) as exc:
         torchft_main([])

@@ -10,7 +10,14 @@ from torchft_pg.manager_setup import manager_bind
 ENV = {"MASTER_PORT": "29500", "TORCHFT_LIGHTHOUSE": "lh:29510"}
 
 
-def test_every_interface_unless_a_bind_host_is_set() -> None:
+def test_loopback_without_a_secret_every_interface_with_one_unless_a_bind_host_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("TORCHFT_JOB_SECRET", "TORCHFT_JOB_SECRET_FILE", "TORCHFT_INSECURE"):
+        monkeypatch.delenv(var, raising=False)
+    assert manager_bind(ManagerConfig.from_env(ENV)) == "localhost:0"
+    assert manager_bind(ManagerConfig.from_env(ENV), job_secret="s" * 16) == "[::]:0"
+    monkeypatch.setenv("TORCHFT_INSECURE", "1")  # the explicit opt-out: as before
     assert manager_bind(ManagerConfig.from_env(ENV)) == "[::]:0"
     local = ManagerConfig.from_env({**ENV, "TORCHFT_BIND_HOST": "127.0.0.1"}, port=7)
     assert local.bind_host == "127.0.0.1" and manager_bind(local) == "127.0.0.1:7"

@@ -144,8 +144,9 @@ class RankHarness:
         transport: CheckpointTransport[Any] = (
             PGTransport(self.pg, timeout=timeout, device=torch.device("cpu"))
             if config.transport == "pg"
-            # placed where the Manager would place its own (TORCHFT_BIND_HOST)
-            else HTTPTransport(timeout, bind_host=os.environ.get("TORCHFT_BIND_HOST") or "0.0.0.0")
+            # placed where the Manager would place its own (TORCHFT_BIND_HOST, else
+            # every interface with a job secret and loopback without)
+            else HTTPTransport(timeout, bind_host=os.environ.get("TORCHFT_BIND_HOST") or None)
         )
         self.manager = FaultInjectingManager(
             self.pg,

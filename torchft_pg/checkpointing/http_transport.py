@@ -65,7 +65,7 @@ from typing import Generic, TypeVar
 
 import torch
 
-from lighthouse import auth
+from lighthouse import auth, exposure
 from lighthouse.tls import TlsConfig, resolve_tls, server_ssl_context
 from torchft_pg.checkpointing.gate import ServingGate
 from torchft_pg.checkpointing.http_fetch import CheckpointTimeoutError, ChunkFetcher
@@ -130,9 +130,12 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             streamed request. At most `MAX_CHUNKS`.
         bind_host: address to listen on ("0.0.0.0" = every IPv4 interface; an
             IPv6 literal listens on IPv6). The port is ephemeral. Bind to the
-            network heals should use.
+            network heals should use. None: "0.0.0.0" with a job secret, else
+            "127.0.0.1"; beyond loopback without a job secret: ``ValueError``
+            unless ``insecure`` (``lighthouse.exposure``).
         advertise_host: the address put into `address()`/`metadata()`; None or
-            "" means `default_advertise_host(bind_host)`.
+            "" means `default_advertise_host(bind_host)`. A loopback bind
+            advertises only a loopback host (``ValueError`` otherwise).
         state_dict: optional callable returning the receiver's current state
             dict; matching tensors (same path, dtype, shape) are received in
             place, and so are DTensor local shards (see `serialization`).
@@ -144,25 +147,37 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             ``$TORCHFT_TLS_KEY``, ``$TORCHFT_TLS_CA``, see ``lighthouse.tls``):
             the server speaks HTTPS with the certificate, and fetches verify
             the sender against the CA; none set: plain HTTP.
+        insecure: listen beyond loopback without a job secret; None:
+            ``$TORCHFT_INSECURE``. Default: refused.
     """
 
     def __init__(
         self,
         timeout: timedelta | float,
         num_chunks: int = 0,
-        bind_host: str = "0.0.0.0",
+        bind_host: str | None = None,
         advertise_host: str | None = None,
         state_dict: Callable[[], T] | None = None,
         *,
         job_secret: str | None = None,
         tls: TlsConfig | None = None,
+        insecure: bool | None = None,
     ) -> None:
         self._timeout_s = to_timedelta(timeout).total_seconds()
         # Required of every request and sent with every fetch (default: from the
         # environment, see lighthouse.auth); None leaves the server unchecked.
         self._job_secret = auth.resolve_job_secret(job_secret)
+        insecure = exposure.insecure_opted_out(insecure)
+        if bind_host is None:
+            bind_host = exposure.default_host(
+                self._job_secret, insecure, loopback=exposure.LOOPBACK_V4, wildcard="0.0.0.0"
+            )
         if isinstance(bind_host, str):
-            auth.warn_if_exposed(logger, "the checkpoint HTTP server", bind_host, self._job_secret)
+            what = "the checkpoint HTTP server"
+            exposure.check_bind(what, bind_host, bind_host, self._job_secret, insecure)
+            if advertise_host:
+                exposure.check_advertised(what, bind_host, advertise_host)
+            auth.warn_if_exposed(logger, what, bind_host, self._job_secret)
         self._tls = tls if tls is not None else resolve_tls()
         if type(num_chunks) is not int:
             raise TypeError(
