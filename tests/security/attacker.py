@@ -13,6 +13,10 @@ Attacks:
   heartbeat with none.
 - ``ghost``: a quorum request at a huge ``--step`` under a new
   ``--replica-id``, with ``--secret`` (if given) as the job secret.
+- ``raw``: ONE raw gRPC ``Quorum`` request under a new ``--replica-id`` at
+  ``--step`` with a ``--deadline-s`` deadline (the job secret if ``--secret``,
+  no incarnation token, a manager address nobody serves), nothing else;
+  "accepted" carries the quorum's size: ``accepted: N members``.
 - ``vote``: a commit vote of group rank 1 for ``--step`` on the manager server
   at ``--addr``.
 - ``flood``: heartbeats under ``--count`` made-up ids (``--replica-id`` + a
@@ -37,6 +41,7 @@ from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.coordinator.client import LighthouseClient
 from lighthouse.errors import FaultToleranceError
 from lighthouse.replica.client import ManagerClient
+from lighthouse.types import QuorumMember
 
 T = timedelta(seconds=3)
 
@@ -97,6 +102,24 @@ def ghost(addr: str, rid: str, secret: str | None, step: int) -> list[str]:
     return [_outcome(partial(_ask, client, rid, step))]
 
 
+def raw(addr: str, rid: str, secret: str | None, step: int, deadline_s: float) -> list[str]:
+    """One raw Quorum call claiming ``step``, as a stranger would send it by hand."""
+    channel = auth.sync_channel(normalize_address(addr), CHANNEL_OPTIONS, secret)
+    member = QuorumMember(
+        rid, address="127.0.0.1:1", store_address="127.0.0.1:1", step=step, world_size=1
+    )
+    try:
+        answer = stub(channel, services.LIGHTHOUSE_QUORUM)(
+            wire.encode_lighthouse_quorum_request(member), timeout=deadline_s
+        )
+    except grpc.RpcError as exc:
+        return [f"{exc.code().name}: {exc.details()}"]
+    finally:
+        channel.close()
+    quorum = wire.decode_lighthouse_quorum_response(answer)
+    return [f"accepted: {len(quorum.participants)} members"]
+
+
 def vote(addr: str, secret: str | None, step: int) -> list[str]:
     """Group rank 1 votes yes for a step ahead of the group's open vote."""
     client = ManagerClient(addr, T, job_secret=secret)
@@ -145,12 +168,15 @@ def streams(addr: str, rid: str, secret: str | None, count: int) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m tests.security.attacker")
-    p.add_argument("attack", choices=["quorum", "liveness", "ghost", "vote", "flood", "streams"])
+    p.add_argument(
+        "attack", choices=["quorum", "liveness", "ghost", "raw", "vote", "flood", "streams"]
+    )
     p.add_argument("--addr", required=True)
     p.add_argument("--replica-id", default="")
     p.add_argument("--secret", default=None)
     p.add_argument("--step", type=int, default=0)
     p.add_argument("--count", type=int, default=1)
+    p.add_argument("--deadline-s", type=float, default=T.total_seconds())
     a = p.parse_args()
     if a.attack == "quorum":
         outcomes = quorum(a.addr, a.replica_id, a.secret, a.step)
@@ -158,6 +184,8 @@ def main() -> None:
         outcomes = liveness(a.addr, a.replica_id, a.secret)
     elif a.attack == "ghost":
         outcomes = ghost(a.addr, a.replica_id, a.secret, a.step)
+    elif a.attack == "raw":
+        outcomes = raw(a.addr, a.replica_id, a.secret, a.step, a.deadline_s)
     elif a.attack == "flood":
         outcomes = flood(a.addr, a.replica_id, a.secret, a.count)
     elif a.attack == "streams":
