@@ -59,6 +59,7 @@ from torchft_pg.errors import ExceptionWithTraceback
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.gradient_sync import GradientSync
 from torchft_pg.heal import Healer
+from torchft_pg.launcher_watch import should_watch, watch_launcher
 from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 from torchft_pg.notices import NoticeRouter
 from torchft_pg.participation import WorldSizeMode
@@ -167,6 +168,8 @@ class Manager:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchft_pg-quorum")
         config: ManagerConfig | None = None
         if client is None:
+            if should_watch():  # under torchrun: leave the job if torchrun dies
+                watch_launcher()
             config = ManagerConfig.from_env(
                 lighthouse_addr=lighthouse_addr,
                 rank=rank,

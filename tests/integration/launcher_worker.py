@@ -1,0 +1,63 @@
+"""A replica group's rank that steps until killed (for test_launcher_exit).
+
+Run under torchrun or alone, with torchrun's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), TORCHFT_LIGHTHOUSE and REPLICA_GROUP_ID. Prints one
+JSON line when ready (with its pid) and one per step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from datetime import timedelta
+
+import torch
+
+from torchft_pg import ProcessGroupGloo
+from torchft_pg.manager import Manager
+
+MAX_STEPS = 100_000  # the test kills the process long before
+PACE_S = 0.02  # stands for a step's compute (s)
+
+
+def emit(fields: dict[str, object]) -> None:
+    """One line in one write: torchrun's ranks share this pipe."""
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    timeout = timedelta(seconds=10)
+    manager = Manager(
+        ProcessGroupGloo(timeout=timeout),
+        min_replica_size=1,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=30),
+    )
+    print(
+        json.dumps({"event": "ready", "pid": os.getpid(), "rank": os.environ["RANK"]}), flush=True
+    )
+    pace = threading.Event()
+    for _ in range(MAX_STEPS):
+        manager.start_quorum()
+        t = torch.ones(1)
+        manager.allreduce(t).wait()
+        committed = manager.should_commit()
+        emit(
+            {
+                "event": "step",
+                "replica": os.environ["REPLICA_GROUP_ID"],
+                "step": manager.current_step(),
+                "committed": committed,
+                "participants": manager.num_participants(),
+            }
+        )
+        pace.wait(PACE_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
