@@ -41,6 +41,7 @@ __all__ = [
     "TIMEOUT_ENV",
     "ManagerConfig",
     "ManagerTimeouts",
+    "check_lighthouse_address",
     "timeout_order_warnings",
     "unsupported_variables",
 ]
@@ -61,6 +62,21 @@ _UNSUPPORTED = {
     "TORCHFT_WATCHDOG_TIMEOUT_SEC": "torchft_pg's deadlines run on one thread that a stuck "
     "callback cannot hold up, so there is no watchdog to time",
 }
+
+
+def check_lighthouse_address(address: str, source: str) -> None:
+    """ValueError naming `source` (the argument or variable it came from) unless
+    `address` is ``host:port``, ``[v6]:port`` or either behind ``http://``."""
+    bare = address
+    for scheme in ("http://", "https://", "grpc://"):
+        if bare.startswith(scheme):
+            bare = bare[len(scheme) :]
+    host, sep, port = bare.rstrip("/").rpartition(":")
+    if not sep or not host or host == "[" or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"{source} must be the lighthouse's host:port (or http://host:port), e.g. "
+            f"127.0.0.1:29510, got {address!r}"
+        )
 
 
 def unsupported_variables(env: Mapping[str, str] | None = None) -> list[str]:
@@ -229,6 +245,7 @@ class ManagerConfig:
             except ValueError:
                 raise ValueError(f"{name} must be an integer, got {text!r}") from None
 
+        lighthouse_from = "lighthouse_addr" if lighthouse_addr is not None else "TORCHFT_LIGHTHOUSE"
         config = cls(
             lighthouse_addr=lighthouse_addr
             if lighthouse_addr is not None
@@ -247,6 +264,8 @@ class ManagerConfig:
             bind_host=bind_host if bind_host is not None else env.get("TORCHFT_BIND_HOST") or None,
         )
         config.validate()
+        if config.lighthouse_addr:
+            check_lighthouse_address(config.lighthouse_addr, lighthouse_from)
         return config
 
     def validate(self) -> None:

@@ -46,7 +46,13 @@ def check_allreduce(
     """The quantization scheme an allreduce uses (None: not quantized); raises
     ValueError for arguments no step could reduce: AVG of a non-floating
     tensor, a quantized op other than SUM or AVG, a quantized non-floating
-    tensor, an unknown scheme."""
+    tensor, an unknown scheme; TypeError for a `tensor` that is not one."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"Manager.allreduce reduces one torch.Tensor in place, got {type(tensor).__name__} "
+            f"{tensor!r:.60} (wrap a value as torch.tensor(...); for several tensors call it "
+            "once per tensor)"
+        )
     average = reduce_op == ReduceOp.AVG
     if average and not tensor.is_floating_point():
         raise ValueError(f"AVG allreduce needs a floating tensor, got dtype {tensor.dtype}")
