@@ -52,12 +52,16 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    that peer naming it back, changes nothing: one hostile or confused member
    cannot evict another. (Tie order: the unproven before the proven, so a
    stranger whose bogus address its peers cannot reach is the one cut.)
-9. A claim nobody could heal from is refused: when proven members that had to
-   heal from the previous quorum's highest step come back still below it,
-   and that step was above the job's committed step and held only by unproven
-   members (claims), those members are quarantined as in rule 7. Rule 5 does
-   not wait for a quarantined member that is unproven: its step is a claim
-   the job could not use.
+9. A claim nobody could heal from is refused. A *claimant* is a replica whose
+   first request came more than one step ahead of every proven live replica
+   (a step it did not earn in this lighthouse's quorums: an honest replica
+   joins at or below the job's steps, and moves ahead only by committing in
+   a quorum). When proven members that had to heal from the previous quorum's
+   highest step come back still below it, and that step was above the job's
+   committed step and held only by claimants, those claimants are
+   quarantined as in rule 7, and rule 5 does not wait for a quarantined
+   claimant. A claimant that commits a step together with the others is
+   proven and no longer a claimant.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
@@ -190,6 +194,7 @@ class QuorumState:
         self._prev_steps: dict[str, int] = {}
         self._prev_top = 0
         self.refuted: dict[str, str] = {}
+        self.claimants: set[str] = set()  # rule 9: joined far ahead of every proven replica
 
     @property
     def committed_step(self) -> int:
@@ -209,6 +214,8 @@ class QuorumState:
         rid = member.replica_id
         self.withdraw(rid)
         self.heartbeat(rid, now)
+        if rid not in self.last_member:
+            self._note_claimant(member)
         self._reported(rid, member.step, member.commit_failures > 0)
         self._refute_unhealed(member, now)
         self.pending[rid] = _Pending(member, now)
@@ -232,11 +239,23 @@ class QuorumState:
         together = self.commits.reported(replica_id, step, failed)
         if together is not None and together.committed:
             self.proven.update(together.members)
+            self.claimants.difference_update(together.members)
+
+    def _note_claimant(self, member: QuorumMember) -> None:
+        """Rule 9: a new replica asking more than one step ahead of every proven live
+        replica is a claimant. O(proven), once per new replica."""
+        if not self.proven:
+            return
+        lead = max(
+            (self.last_member[p].step for p in self.proven if p in self.last_member), default=None
+        )
+        if lead is not None and member.step > lead + 1:
+            self.claimants.add(member.replica_id)
 
     def _refute_unhealed(self, member: QuorumMember, now: float) -> None:
         """Rule 9: a proven member that had to heal in the previous quorum asks again
-        below its highest step, a claim above the committed step held only by
-        unproven members: those members are refuted. O(1), plus O(members) then."""
+        below its highest step, a step above the committed step held only by
+        claimants: those claimants are refuted. O(1), plus O(members) then."""
         rid, top = member.replica_id, self._prev_top
         if (
             member.step >= top
@@ -247,7 +266,7 @@ class QuorumState:
             return
         assert self.prev is not None
         sources = [m.replica_id for m in self.prev.participants if m.step == top]
-        if any(s in self.proven for s in sources):
+        if not all(s in self.claimants for s in sources):
             return
         for s in sources:
             if s in self.seen and s not in self.refuted and not self.is_quarantined(s, now):
@@ -279,6 +298,7 @@ class QuorumState:
         self.proven.discard(replica_id)
         self.quarantined.pop(replica_id, None)
         self.refuted.pop(replica_id, None)
+        self.claimants.discard(replica_id)
         self.commits.gone(replica_id)  # nothing it reported outlives it
         return self.seen.pop(replica_id, None) is not None or had
 
@@ -575,7 +595,7 @@ def _unless_behind(
     members: tuple[QuorumMember, ...], state: QuorumState, now: float
 ) -> Decision | None:
     """A "behind" refusal if a live replica outside `members` reported a higher step
-    (rule 5); a quarantined replica that is unproven does not count (rule 9).
+    (rule 5); a quarantined claimant does not count (rule 9).
 
     O(live replicas); runs only when a quorum would otherwise be issued.
     """
@@ -586,7 +606,7 @@ def _unless_behind(
         for rid, m in state.last_member.items()
         if rid not in inside
         and m.step > top
-        and (rid in state.proven or not state.is_quarantined(rid, now))
+        and not (rid in state.claimants and state.is_quarantined(rid, now))
     )
     if not ahead:
         return None

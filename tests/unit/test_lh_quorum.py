@@ -459,3 +459,45 @@ def test_a_restarted_lighthouse_waits_for_a_majority_of_the_last_quorum() -> Non
     clock.advance(5.0)
     alone.heartbeat("a", clock.now())
     assert decide_and_issue(alone, clock, cfg) == ("ready", ["a"])
+
+
+def _proven_pair(state: QuorumState, clock: FakeClock, step: int) -> None:
+    """a and b commit ``step - 1`` together: proven, the job at ``step``."""
+    for s in (step - 1, step):
+        for rid in ("a", "b"):
+            ask(state, clock, rid, step=s)
+        if s == step - 1:
+            decide_and_issue(state, clock)
+
+
+def test_a_member_that_earned_its_lead_is_never_refused_when_a_heal_from_it_fails() -> None:
+    """Rule 9 refuses claimants only: c joined behind, committed a step the others
+    did not (their votes said no), and their heal from it then failed. Refusing c
+    would let a and b commit that step again without it: two histories."""
+    clock, state = FakeClock(), QuorumState("e")
+    _proven_pair(state, clock, 10)
+    ask(state, clock, "c", step=0)  # a restarted group: behind, it heals in
+    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+    assert "c" not in state.claimants
+    for rid, step in (("a", 10), ("b", 10), ("c", 11)):  # only c's commit went through
+        ask(state, clock, rid, step=step, commit_failures=int(step == 10))
+    assert decide_and_issue(state, clock)[1] == ["a", "b", "c"]  # a and b heal from c
+    for rid, step in (("a", 10), ("b", 10), ("c", 11)):  # ... and that heal failed
+        ask(state, clock, rid, step=step, commit_failures=int(step == 10) * 2)
+    d = decide_quorum(clock.now(), state, CFG)
+    assert d.kind != "quarantine" and not state.refuted, d.reason
+    assert d.members is not None and len(d.members) == 3  # they try again, with c
+
+
+def test_after_a_restart_nobody_is_a_claimant_until_steps_are_committed_together() -> None:
+    clock = FakeClock()
+    state = QuorumState("e2", committed_step=100)
+    ask(state, clock, "a", step=5000)  # restored from a newer checkpoint: nothing to compare
+    assert state.claimants == set()
+    _proven_pair(state, clock, 102)
+    ask(state, clock, "late", step=5000)  # far ahead of a and b, who are proven now
+    assert state.claimants == {"late"}
+    decide_and_issue(state, clock)
+    for rid, step in (("a", 5001), ("b", 5001), ("late", 5001)):  # they healed from it
+        ask(state, clock, rid, step=step)
+    assert state.claimants == set() and state.committed_step == 5001  # proven by that
