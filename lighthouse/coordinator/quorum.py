@@ -50,8 +50,8 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    and train; when the backoff ends they are admitted again, and cut out
    again while the link is still down. A member naming a peer alone, without
    that peer naming it back, changes nothing: one hostile or confused member
-   cannot evict another. (Tie order: the unproven before the proven, so a
-   stranger whose bogus address its peers cannot reach is the one cut.)
+   cannot evict another. (A claimant, rule 9, goes first on a tie: a stranger
+   claiming to be far ahead at an address its peers cannot reach is the one cut.)
 9. A claim nobody could heal from is refused. A *claimant* is a replica whose
    first request came more than one step ahead of every proven live replica
    (a step it did not earn in this lighthouse's quorums: an honest replica
@@ -551,10 +551,17 @@ def _cut_apart(
         for a, b in links:
             degree[a] = degree.get(a, 0) + 1
             degree[b] = degree.get(b, 0) + 1
-        # most links, then unproven, then behind, then the higher id
+        # most links, then a claimant (rule 9), then behind, then unproven, then the higher id
         out = max(
-            (n, int(rid not in state.proven), -by_id[rid].step, rid) for rid, n in degree.items()
-        )[3]
+            (
+                n,
+                int(rid in state.claimants),
+                -by_id[rid].step,
+                int(rid not in state.proven),
+                rid,
+            )
+            for rid, n in degree.items()
+        )[4]
         excluded.append(out)
         links = {link for link in links if out not in link}
     pairs = ", ".join(f"{a} <-> {b}" for a, b in cut_links)

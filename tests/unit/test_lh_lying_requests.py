@@ -136,14 +136,14 @@ def test_unreachable_names_cannot_cut_an_honest_member_out(tmp_path: Path) -> No
     async def body() -> None:
         job = Job(tmp_path, QuorumConfig(min_replicas=2, join_timeout_s=1.0, lease=False))
         job.train(3)
-        job.core.request(QuorumMember("liar", step=4))
+        job.core.request(QuorumMember("liar", step=CLAIM))
         job.honest_round(4)
-        job.core.request(QuorumMember("liar", step=4, commit_failures=1, unreachable=("a",)))
-        job.core.request(QuorumMember("b", step=4, commit_failures=1))
-        # a cannot reach the liar's bogus manager address either: a mutual cut
+        job.core.request(QuorumMember("liar", step=CLAIM, commit_failures=1, unreachable=("a",)))
+        # a cannot reach the liar's bogus manager address either: a mutual cut; a is
+        # behind the liar's claim, yet the claimant is the one cut
         job.core.request(QuorumMember("a", step=4, commit_failures=1, unreachable=("liar",)))
         quarantined = set(job.core.state.quarantined)
-        assert quarantined == {"liar"}, quarantined  # the unproven side is cut, not a
+        assert quarantined == {"liar"}, quarantined
 
     run(body)
 
