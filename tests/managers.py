@@ -21,9 +21,12 @@ def solo_manager(
     quorum_timeout: timedelta = timedelta(seconds=20),
     **kwargs: Any,
 ) -> Iterator[Manager]:
-    """A Manager of one rank (`min_replica_size=1`, no initial sync) on a fresh
-    TCPStore, shut down on exit; `kwargs` go to the Manager."""
+    """A Manager of one rank (`min_replica_size=1` and no initial sync unless
+    `kwargs` say otherwise) on a fresh TCPStore, shut down on exit; `kwargs` go
+    to the Manager."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    kwargs.setdefault("min_replica_size", 1)
+    kwargs.setdefault("init_sync", False)
     manager = Manager(
         ProcessGroupDummy(),
         rank=0,
@@ -32,8 +35,6 @@ def solo_manager(
         store_port=store.port,
         lighthouse_addr=lighthouse_addr,
         replica_id=replica_id,
-        min_replica_size=1,
-        init_sync=False,
         quorum_timeout=quorum_timeout,
         **kwargs,
     )

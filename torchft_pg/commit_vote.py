@@ -12,6 +12,7 @@ moves the counters (`StepCounters.settle`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -22,6 +23,7 @@ from torchft_pg.participation import local_vote
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.quorum_round import QuorumRound
 from torchft_pg.step_counters import StepCounters
+from torchft_pg.waiting import WaitReport
 
 __all__ = ["CommitVote"]
 
@@ -54,6 +56,7 @@ class CommitVote:
         errored: Callable[[], ExceptionWithTraceback | None],
         report_error: Callable[[Exception], None],
         tag: Callable[[], str],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pg = pg
         self._notices = notices
@@ -67,6 +70,7 @@ class CommitVote:
         self._errored = errored
         self._report_error = report_error
         self._tag = tag
+        self._short = WaitReport(clock)  # steps with too few replica groups present
 
     def should_commit(self, timeout: timedelta | None) -> bool:
         """See `Manager.should_commit`."""
@@ -100,6 +104,17 @@ class CommitVote:
             decision = False
         healed = self._round.settle_heal(decision)
         self._counters.settle(decision, participants, healed)
+        if not failed and participation.present < self._min_replica_size:
+            line = self._short.waiting(
+                f"replica groups: this step had {participation.present}, min_replica_size is "
+                f"{self._min_replica_size}, so no step commits until more join"
+            )
+            if line is not None:
+                logger.warning("%s %s", self._tag(), line)
+        elif decision:
+            line = self._short.resolved()
+            if line is not None:
+                logger.warning("%s %s", self._tag(), line)
         if logger.isEnabledFor(logging.INFO):  # the tag is built only for a line written
             logger.info(
                 "%s %s (vote %s, %d participants, last step %.1f ms, error: %s)",

@@ -240,6 +240,7 @@ class Manager:
             errored=self.errored,
             report_error=self.report_error,
             tag=self._tag,
+            clock=clock,
         )
         # Connecting last: failure notices may arrive as soon as it subscribes.
         if config is not None:

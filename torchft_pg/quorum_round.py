@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -47,11 +48,14 @@ from torchft_pg.participation import NOT_STARTED, Participation, WorldSizeMode
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.quorum_plan import QuorumPlan, plan_quorum
 from torchft_pg.step_counters import StepCounters, checked_counters
+from torchft_pg.waiting import WaitReport
 
 __all__ = ["QuorumRound", "QuorumTimings"]
 
 # The Manager's logger: the round's lines are the Manager's, as they always were.
 logger = logging.getLogger("torchft_pg.manager")
+
+WAIT_WARNING_S = 5.0  # a quorum awaited longer than this is logged at WARNING (s)
 
 
 @dataclass(frozen=True)
@@ -143,9 +147,29 @@ class QuorumRound:
         return self._future is not None
 
     def wait(self) -> None:
-        """Block until the latest round is taken; raise its failure."""
-        assert self._future is not None, "call start_quorum() first"
-        self._future.result()
+        """Block until the latest round is taken; raise its failure. A wait longer
+        than `WAIT_WARNING_S` seconds is logged at WARNING, then every 10 s."""
+        future = self._future
+        assert future is not None, "call start_quorum() first"
+        if future.done():  # the steady state: nothing to wait for, nothing to report
+            future.result()
+            return
+        report = WaitReport(time.monotonic)
+        period = WAIT_WARNING_S
+        while not wait_futures([future], timeout=period).done:
+            line = report.waiting(
+                f"a quorum for step {self._counters.step}: the lighthouse's log and its "
+                "/status page say whom it waits for (replicas to join, the join timeout)"
+            )
+            if line is not None:
+                logger.warning(
+                    "%s %s (asked %.0f s ago)",
+                    self._tag(),
+                    line,
+                    time.perf_counter() - self._requested,
+                )
+            period = 10.0
+        future.result()
 
     def wait_previous(self) -> None:
         """Before a new round: raise the previous round's failure, if any."""
