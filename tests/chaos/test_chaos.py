@@ -3,7 +3,8 @@
 Each run asserts the supervisor's invariants: survivors keep committing, no
 replica's step goes backwards, one step is committed in one quorum only, no
 old quorum epoch is reused, every replica that committed a step holds the
-same state after it (per-step digests), nothing hangs past the deadline,
+same state after it (per-step digests), nothing hangs (no event for the
+run's stall bound),
 every replica ends bit-identical, and the oracle's replay of the committed
 history (the participants' batches, averaged as DDP and the Manager do)
 reaches every committed step's digest bit for bit. Faults land in every phase of a step (forward,
@@ -28,6 +29,12 @@ from torchft_pg.chaos import (
     run_chaos,
 )
 
+# The CI plans' upper bound: about six times the longest of them on a busy 2-core
+# machine. A run fails well before it if it hangs: once no rank has sent anything for
+# ChaosConfig.stall_s (120 s). pytest's own timeout, a minute beyond, is the backstop.
+RUN_BOUND_S = 900.0
+pytestmark = pytest.mark.timeout(RUN_BOUND_S + 60)  # the soaks mark their own
+
 
 def _check(report: ChaosReport) -> None:
     assert report.ok, "\n".join(report.failures)
@@ -46,7 +53,9 @@ def test_short_plan_with_ten_kills_and_other_faults() -> None:
         },
         seed=plan.seed,
     )
-    report = run_chaos(ChaosConfig(replicas=4, steps=110, plan=plan, deadline_s=240, verbose=False))
+    report = run_chaos(
+        ChaosConfig(replicas=4, steps=110, plan=plan, deadline_s=RUN_BOUND_S, verbose=False)
+    )
     _check(report)
     assert report.kills == plan.count(Fault.KILL_REPLICA) >= 10
     assert report.restarts == report.kills
@@ -60,7 +69,9 @@ def test_short_plan_with_ten_kills_and_other_faults() -> None:
 
 def test_lighthouse_restart_resumes_without_reusing_quorum_ids() -> None:
     plan = FaultPlan({(0, 4): Fault.RESTART_LIGHTHOUSE, (2, 10): Fault.KILL_REPLICA})
-    report = run_chaos(ChaosConfig(replicas=3, steps=16, plan=plan, deadline_s=180, verbose=False))
+    report = run_chaos(
+        ChaosConfig(replicas=3, steps=16, plan=plan, deadline_s=RUN_BOUND_S, verbose=False)
+    )
     _check(report)
     assert report.lighthouse_restarts == 1 and report.kills == 1
     epochs = list(dict.fromkeys(q.split("/")[0] for q in report.quorum_ids))
@@ -79,7 +90,7 @@ def test_the_plan_passes_with_the_job_secret_required_everywhere() -> None:
             steps=20,
             plan=plan,
             job_secret="chaos-run-secret-0123456789",
-            deadline_s=180,
+            deadline_s=RUN_BOUND_S,
             verbose=False,
         )
     )
@@ -91,7 +102,9 @@ def test_the_plan_passes_with_the_job_secret_required_everywhere() -> None:
 
 def test_failed_allreduce_and_delayed_replica_are_discarded_then_healed() -> None:
     plan = FaultPlan({(1, 3): Fault.FAIL_ALLREDUCE, (2, 7): Fault.DELAY})
-    report = run_chaos(ChaosConfig(replicas=3, steps=12, plan=plan, deadline_s=120, verbose=False))
+    report = run_chaos(
+        ChaosConfig(replicas=3, steps=12, plan=plan, deadline_s=RUN_BOUND_S, verbose=False)
+    )
     _check(report)
     assert len(report.faults_fired) == 2
 
@@ -100,7 +113,12 @@ def test_multi_rank_replica_groups_survive_a_group_kill() -> None:
     plan = FaultPlan({(1, 3): Fault.KILL_REPLICA})
     report = run_chaos(
         ChaosConfig(
-            replicas=2, group_world_size=2, steps=8, plan=plan, deadline_s=180, verbose=False
+            replicas=2,
+            group_world_size=2,
+            steps=8,
+            plan=plan,
+            deadline_s=RUN_BOUND_S,
+            verbose=False,
         )
     )
     _check(report)
@@ -110,7 +128,9 @@ def test_multi_rank_replica_groups_survive_a_group_kill() -> None:
 def test_killing_the_baby_child_fails_the_step_and_training_recovers() -> None:
     plan = FaultPlan({(1, 3): Fault.KILL_BABY_CHILD})
     report = run_chaos(
-        ChaosConfig(replicas=2, steps=8, plan=plan, pg_kind="baby", deadline_s=240, verbose=False)
+        ChaosConfig(
+            replicas=2, steps=8, plan=plan, pg_kind="baby", deadline_s=RUN_BOUND_S, verbose=False
+        )
     )
     _check(report)
     assert report.faults_fired == [(1, 3, "kill_baby_child")]
@@ -129,7 +149,9 @@ def test_healing_over_the_process_group_instead_of_http() -> None:
         }
     )
     report = run_chaos(
-        ChaosConfig(replicas=3, steps=30, plan=plan, transport="pg", deadline_s=180, verbose=False)
+        ChaosConfig(
+            replicas=3, steps=30, plan=plan, transport="pg", deadline_s=RUN_BOUND_S, verbose=False
+        )
     )
     _check(report)
     assert report.kills == 4
@@ -168,7 +190,7 @@ def test_a_kill_in_every_phase_of_a_step_on_every_replica() -> None:
             steps=40,
             plan=plan,
             heartbeat_timeout_ms=2000,
-            deadline_s=150,
+            deadline_s=RUN_BOUND_S,
             verbose=False,
         )
     )
@@ -200,7 +222,12 @@ def test_a_partial_kill_stops_the_group_and_commits_nothing_without_the_dead_ran
     plan = FaultPlan({(1, 4): Fault.PARTIAL_KILL})
     report = run_chaos(
         ChaosConfig(
-            replicas=2, group_world_size=2, steps=12, plan=plan, deadline_s=180, verbose=False
+            replicas=2,
+            group_world_size=2,
+            steps=12,
+            plan=plan,
+            deadline_s=RUN_BOUND_S,
+            verbose=False,
         )
     )
     _check(report)
@@ -226,7 +253,7 @@ def test_a_zombie_resumed_before_the_collective_timeout_commits_nothing_stale() 
             heartbeat_timeout_ms=2000,
             timeout_s=5.0,
             freeze_s=4.0,  # past the heartbeat timeout (2 s), before the PG timeout (5 s)
-            deadline_s=120,
+            deadline_s=RUN_BOUND_S,
             verbose=False,
         )
     )
@@ -246,7 +273,12 @@ def test_a_multi_rank_group_whose_heal_fails_on_one_rank_votes_no() -> None:
     plan = FaultPlan({(1, 5): Fault.FAIL_ALLREDUCE, (0, 5): Fault.KILL_HEAL_SOURCE})
     report = run_chaos(
         ChaosConfig(
-            replicas=3, group_world_size=2, steps=15, plan=plan, deadline_s=120, verbose=False
+            replicas=3,
+            group_world_size=2,
+            steps=15,
+            plan=plan,
+            deadline_s=RUN_BOUND_S,
+            verbose=False,
         )
     )
     deaths = [(r, g, phase) for r, g, _, phase in report.deaths]
@@ -342,7 +374,12 @@ def test_every_group_required_restarted_groups_rejoin() -> None:
     )
     report = run_chaos(
         ChaosConfig(
-            replicas=2, steps=40, plan=plan, min_replica_size=2, deadline_s=240, verbose=False
+            replicas=2,
+            steps=40,
+            plan=plan,
+            min_replica_size=2,
+            deadline_s=RUN_BOUND_S,
+            verbose=False,
         )
     )
     _check(report)
@@ -381,3 +418,23 @@ def test_soak_every_group_required() -> None:
     _check(report)
     assert report.kills >= plan.count(Fault.KILL_REPLICA) >= 20
     assert len(report.restart_to_commit_s) == report.restarts
+
+
+def test_a_run_that_stops_making_progress_fails_on_its_stall_bound_not_its_deadline() -> None:
+    """Every step sleeps 8 s of simulated compute and sends nothing meanwhile: with a
+    3 s stall bound the run fails as hung within seconds, not at its 15 min bound."""
+    report = run_chaos(
+        ChaosConfig(
+            replicas=2,
+            steps=4,
+            step_time_s=8.0,
+            stall_s=3.0,
+            deadline_s=RUN_BOUND_S,
+            oracle=False,
+            verbose=False,
+        )
+    )
+    assert any(f.startswith("no progress for 3 s (hang?)") for f in report.failures), (
+        report.failures
+    )
+    assert report.wall_s < 60.0, report.wall_s  # the 3 s bound, start-up and the teardown

@@ -36,6 +36,10 @@ from torchft_pg.chaos.diloco_workload import (
 from torchft_pg.chaos.outer_ledger import OuterLedger
 from torchft_pg.chaos.workload import FlatState, Workload, state_checksum
 
+# As in test_chaos.py: a hang fails on the run's stall bound (ChaosConfig.stall_s);
+# this bounds a run that keeps going but never ends, far above a loaded machine's time.
+RUN_BOUND_S = 900.0
+
 # 2 fragments syncing in turn, one every 4 inner steps; the allreduce starts 1 step early.
 SETTINGS = DiLoCoSettings(sync_every=8, fragments=2, fragment_sync_delay=1)
 
@@ -50,6 +54,7 @@ def _check(report: ChaosReport) -> None:
     assert len(restarted) == report.restarts  # every restarted replica healed
 
 
+@pytest.mark.timeout(RUN_BOUND_S + 60)
 def test_diloco_kills_and_a_lighthouse_restart_lose_no_outer_step() -> None:
     """A kill mid-window, a lighthouse restart, a kill with the pseudo-gradient
     allreduce in flight, a failed allreduce and a kill before the vote."""
@@ -69,7 +74,7 @@ def test_diloco_kills_and_a_lighthouse_restart_lose_no_outer_step() -> None:
             plan=plan,
             algorithm=Algorithm.DILOCO,
             diloco=SETTINGS,
-            deadline_s=150,
+            deadline_s=RUN_BOUND_S,
             verbose=False,
         )
     )

@@ -35,7 +35,11 @@ class ChaosConfig:
     # so the peers have dropped the frozen replica and their abandoned collective has
     # timed out. (Resuming sooner hits a known bug: see tests/chaos/test_chaos.py.)
     freeze_s: float | None = None
-    deadline_s: float = 300.0  # the whole run; past it everything is killed and the run fails
+    # A run fails as hung once no rank sent an event or exited for `stall_s` seconds, and
+    # in any case past `deadline_s`, a bound far above any healthy run on a loaded machine
+    # (`progress.py`: a fixed deadline failed healthy runs on a busy machine).
+    stall_s: float = 120.0
+    deadline_s: float = 1800.0
     hidden: int = 64
     seed: int = 0
     step_time_s: float = 0.02  # simulated compute per (inner) step, so survivors do not race ahead

@@ -12,7 +12,9 @@ recovered job and some replica always holds the committed state; a run lasts
 at least `steps` steps, and until the last group fired and the job recovered.
 The ledger (`ledger.py`) checks each commit as it arrives; at the end every
 replica must hold the same state, and the oracle (`oracle.py`) replays the
-committed history and compares it with each one.
+committed history and compares it with each one. A run fails as hung once no
+rank sent an event or exited for `stall_s` seconds, or past `deadline_s`
+(`progress.py`), never merely because a loaded machine made it slow.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from torchft_pg.chaos.diloco_workload import Algorithm
 from torchft_pg.chaos.ledger import Ledger
 from torchft_pg.chaos.outer_ledger import OuterLedger
 from torchft_pg.chaos.plan import Fault
+from torchft_pg.chaos.progress import ProgressWatch
 from torchft_pg.chaos.schedule import FaultSchedule
 from torchft_pg.chaos.trainer import GO_KEY, TrainerConfig, run_trainer
 from torchft_pg.chaos.workload import FlatState, Workload
@@ -96,6 +99,9 @@ class _Run:
         self.out = out
         self.report = ChaosReport()
         self.start = time.time()
+        self.progress = ProgressWatch(
+            stall_s=config.stall_s, deadline_s=config.deadline_s, started=time.monotonic()
+        )
         self.ledger = Ledger(Workload(seed=config.seed, hidden=config.hidden))
         # DiLoCo: every rank's trace, for the outer-step checks and the DiLoCo replay
         self.outer = (
@@ -378,20 +384,20 @@ class _Run:
                 event = r.conn.recv()
             except (EOFError, OSError):
                 return
+            what = f"{type(event).__name__} from replica {r.replica} rank {r.group_rank}"
+            self.progress.progressed(time.monotonic(), what)
             self.on_event(r, event)
 
     def loop(self) -> None:
         for replica in range(self.c.replicas):
             self.start_group(replica)
         self.release_ready()
-        deadline = self.start + self.c.deadline_s
         while any(not r.done for r in self.ranks):
-            left = deadline - time.time()
-            if left <= 0:
-                self.report.failures.append(
-                    f"run did not finish within {self.c.deadline_s} s (hang?)"
-                )
+            hung = self.progress.failure(time.monotonic())
+            if hung is not None:
+                self.report.failures.append(hung)
                 return
+            left = self.progress.left(time.monotonic())
             live = [r for r in self.ranks if not r.done]
             timeout = max(0.0, min(left, 5.0, self.next_timer() - time.time()))
             ready = wait([r.conn for r in live] + [r.proc.sentinel for r in live], timeout=timeout)
@@ -400,6 +406,9 @@ class _Run:
                     self.drain(r)
             for r in live:
                 if r.proc.sentinel in ready and not r.done and r in self.ranks:
+                    self.progress.progressed(
+                        time.monotonic(), f"the exit of replica {r.replica} rank {r.group_rank}"
+                    )
                     self.drain(r)  # what it sent before dying
                     r.proc.join(timeout=5)
                     self.on_exit(r)
