@@ -10,6 +10,7 @@ ends with identical parameters. One line per step, then a summary.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 
 from torchft_pg.chaos import ChaosConfig, Fault, FaultPlan, run_chaos
@@ -35,6 +36,12 @@ def main() -> None:
     if not 0 <= args.kill_step < args.steps:
         parser.error(f"--kill-step must be in [0, {args.steps}), got {args.kill_step}")
 
+    # Everything runs on this machine, so every server listens on loopback and advertises
+    # it: the lighthouse binds 127.0.0.1 (run_chaos), and each replica's manager and
+    # checkpoint servers follow these, whatever the shell exports. Nothing is reachable
+    # from the network, and no server warns that it is.
+    os.environ["TORCHFT_BIND_HOST"] = "127.0.0.1"
+    os.environ["TORCHFT_HOSTNAME"] = "127.0.0.1"
     plan = FaultPlan({(args.kill_replica, args.kill_step): Fault.KILL_REPLICA})
     report = run_chaos(
         ChaosConfig(
