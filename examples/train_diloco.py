@@ -1,10 +1,10 @@
 """Fault-tolerant Streaming DiLoCo: run one torchrun per replica group against one lighthouse.
 
-    torchft-pg-lighthouse --bind 127.0.0.1:29510 --min-replicas 1 &
+    .venv/bin/torchft-pg-lighthouse --bind 127.0.0.1:29510 --min-replicas 1 &
     REPLICA_GROUP_ID=0 TORCHFT_LIGHTHOUSE=127.0.0.1:29510 \\
-        torchrun --nproc_per_node=1 --master_port=29600 examples/train_diloco.py
+        .venv/bin/torchrun --nproc_per_node=1 --master_port=29600 examples/train_diloco.py
     REPLICA_GROUP_ID=1 TORCHFT_LIGHTHOUSE=127.0.0.1:29510 \\
-        torchrun --nproc_per_node=1 --master_port=29601 examples/train_diloco.py
+        .venv/bin/torchrun --nproc_per_node=1 --master_port=29601 examples/train_diloco.py
 
 Each replica group trains alone on its shard of the data (inner AdamW steps)
 and the groups meet only every SYNC_EVERY / 2 inner steps, when one of the

@@ -3,11 +3,11 @@
 One torchrun per replica group against one lighthouse (CPU/Gloo by default,
 CUDA/NCCL when GPUs are visible):
 
-    torchft-pg-lighthouse --bind 127.0.0.1:29510 --min-replicas 1 &
+    .venv/bin/torchft-pg-lighthouse --bind 127.0.0.1:29510 --min-replicas 1 &
     REPLICA_GROUP_ID=0 TORCHFT_LIGHTHOUSE=127.0.0.1:29510 \\
-        torchrun --nproc_per_node=2 --master_port=29600 examples/train_hsdp.py
+        .venv/bin/torchrun --nproc_per_node=2 --master_port=29600 examples/train_hsdp.py
     REPLICA_GROUP_ID=1 TORCHFT_LIGHTHOUSE=127.0.0.1:29510 \\
-        torchrun --nproc_per_node=2 --master_port=29601 examples/train_hsdp.py
+        .venv/bin/torchrun --nproc_per_node=2 --master_port=29601 examples/train_hsdp.py
 
 On several machines, bind the lighthouse to a reachable address, point
 TORCHFT_LIGHTHOUSE at it, and give each group's torchrun its own

@@ -132,8 +132,8 @@ def test_torchx_local_run_trains_two_replica_groups(tmp_path: Path) -> None:
         participants = {
             int(step): int(n)
             for step, n in re.findall(
-                rf"^replica_group_{group}/0 replica {group} rank 0 step (\d+) quorum \S+ "
-                r"participants (\d) ",
+                rf"^replica_group_{group}/0 replica {group} rank 0 step (\d+) committed "
+                r"quorum \S+ participants (\d) ",
                 output,
                 flags=re.MULTILINE,
             )
