@@ -12,38 +12,65 @@ const PALETTE = ["#3056d3", "#d0312d", "#2e8b57", "#d98a00", "#8e44ad", "#1a9bb0
 const SVG_NS = document.getElementById("svg-ns").namespaceURI;
 
 // ---- numbers with units -------------------------------------------------------
+// Every number a person reads carries its unit, and never more than 3 decimals:
+// a value too small for its unit moves to a smaller one (ms -> µs, steps/s ->
+// steps/min -> steps/h, GB -> MB ...), so 3 significant digits stay readable.
+const MAX_DECIMALS = 3;
 function sig(x, digits = 3) {
-  // x rounded to `digits` significant digits, thousands separated, no trailing zeros
+  // x rounded to `digits` significant digits (at most MAX_DECIMALS decimals),
+  // thousands separated, no trailing zeros
   if (x === null || x === undefined || !Number.isFinite(x)) return "—";
   if (x === 0) return "0";
   const mag = Math.floor(Math.log10(Math.abs(x)));
-  const decimals = Math.max(0, Math.min(6, digits - 1 - mag));
+  const decimals = Math.max(0, Math.min(MAX_DECIMALS, digits - 1 - mag));
   return x.toLocaleString("en-US", {maximumFractionDigits: decimals});
 }
+function scaled(x, units) {
+  // x (in units[0][1]) in the first of `units` ([factor, name], larger first) where
+  // it is at least 1, else the last: "12.3 µs", "0.5 steps/h"
+  for (const [factor, name] of units) if (Math.abs(x * factor) >= 1) return `${sig(x * factor)} ${name}`;
+  const [factor, name] = units[units.length - 1];
+  return `${sig(x * factor)} ${name}`;
+}
 const fmt = {
-  int: n => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US")),
+  int: n => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US", {maximumFractionDigits: 0})),
   ms(ms) {
-    if (ms === null || ms === undefined) return "—";
-    if (ms < 1000) return sig(ms) + " ms";
+    if (ms === null || ms === undefined || !Number.isFinite(ms)) return "—";
+    if (ms === 0) return "0 ms";
+    if (Math.abs(ms) < 1000) return scaled(ms, [[1, "ms"], [1000, "µs"], [1e6, "ns"]]);
     return fmt.secs(ms / 1000);
   },
   secs(s) {
-    if (s === null || s === undefined) return "—";
-    if (s < 1) return sig(s * 1000) + " ms";
+    if (s === null || s === undefined || !Number.isFinite(s)) return "—";
+    if (s < 1) return fmt.ms(s * 1000);
     if (s < 60) return sig(s) + " s";
     const [big, small, unitBig, unitSmall] = s < 3600 ? [Math.floor(s / 60), Math.round(s % 60), "min", "s"]
       : [Math.floor(s / 3600), Math.round((s % 3600) / 60), "h", "min"];
-    return `${big} ${unitBig}` + (small ? ` ${small} ${unitSmall}` : "");
+    return `${fmt.int(big)} ${unitBig}` + (small ? ` ${small} ${unitSmall}` : "");
   },
-  rate: r => (r === null || r === undefined ? "—" : sig(r) + " steps/s"),
+  // a duration as the heal figures give it, in seconds down to 10 ms: "0.42 s"
+  heal_s: s => (s === null || s === undefined || !Number.isFinite(s) ? "—" : s >= 0.01 ? sig(s) + " s" : fmt.secs(s)),
+  rate(r) {
+    if (r === null || r === undefined || !Number.isFinite(r)) return "—";
+    if (r === 0) return "0 steps/s";
+    // below 0.1 steps/s the minute (then the hour) keeps three digits in view
+    for (const [factor, name] of [[1, "steps/s"], [60, "steps/min"], [3600, "steps/h"]]) {
+      if (Math.abs(r * factor) >= 0.1 || factor === 3600) return `${sig(r * factor)} ${name}`;
+    }
+    return "—";
+  },
+  // a step-rate axis label, short (the caption says steps), in one unit for the
+  // whole axis: the one its top value `max` reads best in
+  rateAxis: (r, max) => (max >= 0.1 ? sig(r) + "/s" : max * 60 >= 0.1 ? sig(r * 60) + "/min" : sig(r * 3600) + "/h"),
   bytes(n) {
     // decimal units (GB/s is 10^9 bytes per second), three significant digits: "12.3 MB"
-    if (n === null || n === undefined) return "—";
+    if (n === null || n === undefined || !Number.isFinite(Number(n))) return "—";
     const units = ["B", "kB", "MB", "GB", "TB", "PB", "EB"];
     let v = Number(n), i = 0;
     while (i < units.length - 1 && Math.abs(Number(v.toPrecision(3))) >= 1000) { v /= 1000; i++; }
-    return i === 0 ? `${v} B` : `${sig(v)} ${units[i]}`;
+    return i === 0 ? `${fmt.int(v)} B` : `${sig(v)} ${units[i]}`;
   },
+  bytesPerS: gbPerS => (gbPerS === null || gbPerS === undefined ? "—" : fmt.bytes(gbPerS * 1e9) + "/s"),
   ago: s => (s === null || s === undefined ? "—" : fmt.secs(s) + " ago"),
   clock: unixMs => new Date(unixMs).toLocaleTimeString("en-GB", {hour12: false}),
 };
@@ -91,13 +118,13 @@ function chart(box, {lines, band, windowS, yFormat, markers}) {
   for (let i = 0; i <= 4; i++) {
     const y = (ymax * i) / 4;
     svg.appendChild(el("svg:line", {class: "grid-line", x1: L, x2: W - R, y1: sy(y), y2: sy(y)}));
-    svg.appendChild(el("svg:text", {x: L - 4, y: sy(y) + 3, "text-anchor": "end", text: yFormat(y)}));
+    svg.appendChild(el("svg:text", {class: "y-label", x: L - 4, y: sy(y) + 3, "text-anchor": "end", text: yFormat(y, ymax)}));
   }
   const stepS = [10, 15, 30, 60, 120, 300, 600, 900, 1800].find(t => windowS / t <= 6) || 3600;
   for (let x = 0; x >= -windowS; x -= stepS) {
     svg.appendChild(el("svg:line", {class: "grid-line", x1: sx(x), x2: sx(x), y1: T, y2: H - B}));
     const label = x === 0 ? "now" : -x < 60 ? `${-x} s ago` : `${sig(-x / 60)} min ago`;
-    svg.appendChild(el("svg:text", {x: sx(x), y: H - 6, "text-anchor": x === 0 ? "end" : "middle", text: label}));
+    svg.appendChild(el("svg:text", {class: "x-label", x: sx(x), y: H - 6, "text-anchor": x === 0 ? "end" : "middle", text: label}));
   }
   for (const m of markers) {
     if (m.x < -windowS || m.x > 0) continue;
@@ -204,9 +231,9 @@ function renderCharts(s) {
   const legend = document.getElementById("legend");
   const many = series.length > LINES_UP_TO;
   const derivedTimes = series.some(x => !x.step_time_reported);
-  setText("rate-note", `(steps/s, last ${fmt.secs(windowS)}${many ? `; median and min–max of ${series.length}` : ""})`);
+  setText("rate-note", `(last ${fmt.secs(windowS)}${many ? `; median and min–max of ${series.length}` : ""})`);
   setText("time-note", derivedTimes ? "(dashed: derived from the step rate, not reported)" : "(as reported by the replicas)");
-  for (const [field, boxId, yFormat] of [["steps_per_s", "chart-rate", sig], ["step_time_ms", "chart-time", fmt.ms]]) {
+  for (const [field, boxId, yFormat] of [["steps_per_s", "chart-rate", fmt.rateAxis], ["step_time_ms", "chart-time", fmt.ms]]) {
     const box = document.getElementById(boxId);
     if (many) {
       const a = aggregate(series, field, h.sample_interval_s);
@@ -275,10 +302,10 @@ function renderTimeline(s) {
 function healFigures(e) {
   // what a reported heal moved: bytes, transfer seconds, GB/s (null fields: none reported)
   if (e.heal_bytes === null || e.heal_bytes === undefined) return null;
-  const rate = e.heal_gb_per_s === null ? "—" : `${sig(e.heal_gb_per_s)} GB/s`;
+  const rate = fmt.bytesPerS(e.heal_gb_per_s);
   return el("span", {class: "heal-figures", title: "what the heal moved, as the healing replica measured it"},
     el("span", {class: "heal-bytes", text: fmt.bytes(e.heal_bytes)}),
-    el("span", {class: "heal-seconds", text: `${sig(e.heal_s)} s`}),
+    el("span", {class: "heal-seconds", text: fmt.heal_s(e.heal_s)}),
     el("span", {class: "heal-rate", text: rate}));
 }
 

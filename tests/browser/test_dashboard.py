@@ -51,6 +51,14 @@ PAGE_SUMMARY_JS = """(() => {
     timeline: q("#timeline li").map(li => ({kind: li.dataset.kind, ids: li.dataset.replicaIds.split(" "), text: li.textContent,
       heal: li.querySelector(".heal-figures") && [...li.querySelectorAll(".heal-figures span")].map(x => x.textContent)})),
     text: document.body.innerText,
+    // what a person reads beyond the body's text: chart labels and every tooltip
+    svgText: q("svg text").map(t => t.textContent),
+    tooltips: q("[title]").map(e => e.getAttribute("title")).concat(q("svg title").map(t => t.textContent)),
+    yLabels: q("svg.chart text.y-label").map(t => ({chart: t.closest(".chart-box").id, text: t.textContent})),
+    xLabels: q("svg.chart text.x-label").map(t => t.textContent),
+    cards: q(".card").map(c => ({k: c.querySelector(".k").textContent, v: c.querySelector(".v").textContent})),
+    tileRows: q(".replica").map(t => [...t.querySelectorAll(".row span")].map(x => x.textContent)),
+    memberCells: q("#members tbody tr").map(tr => [...tr.cells].map(td => td.textContent)),
     pageWidth: document.documentElement.scrollWidth,
     viewWidth: document.documentElement.clientWidth,
     error: err.hidden ? null : err.textContent,
@@ -58,6 +66,31 @@ PAGE_SUMMARY_JS = """(() => {
 })()"""
 
 RAW_FLOAT = re.compile(r"\d\.\d{4,}")  # e.g. 10.25439200020628: never shown unformatted
+# A number as the page writes one: thousands separated, at most 3 decimals.
+NUMBER = r"-?\d{1,3}(?:,\d{3})*(?:\.\d{1,3})?"
+UNIT = r"(?:ns|µs|ms|s|min|h|steps/s|steps/min|steps/h|[kMGTPE]?B(?:/s)?)"
+# A quantity: a number and its unit ("1.23 GB", "2 min 5 s"; a ratio ends in the times
+# sign, U+00D7), or none known.
+QUANTITY = re.compile(rf"^(?:—|{NUMBER} {UNIT}(?: \d+ (?:s|min))?|{NUMBER}\u00d7)$")
+AXIS_Y = {
+    "chart-rate": re.compile(rf"^{NUMBER}/(?:s|min|h)$"),
+    "chart-time": re.compile(rf"^{NUMBER} {UNIT}(?: \d+ (?:s|min))?$"),
+}
+AXIS_X = re.compile(rf"^(?:now|\d+ s ago|{NUMBER} min ago)$")
+COUNT = re.compile(r"^(?:—|\d{1,3}(?:,\d{3})*)$")
+COUNT_CARDS = {
+    "members",
+    "live replicas",
+    "committed step",
+    "rounds issued",
+    "deaths (timeline)",
+    "heals (timeline)",
+    "quarantines",
+}
+# A decimal number and what follows it, in any text; addresses are taken out first.
+DECIMAL = re.compile(r"(\d+\.\d+)(\s?\S*)")
+ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
+DECIMAL_UNIT = re.compile(rf"^\s?(?:{UNIT}|\u00d7|/s|/min|/h)(?:\W|$)")
 
 
 def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -113,10 +146,43 @@ def render(
 def assert_readable(page: dict[str, Any]) -> None:
     assert page["error"] is None, page["error"]
     assert page["charts"] == 2
-    assert not RAW_FLOAT.findall(page["text"]), RAW_FLOAT.findall(page["text"])[:5]
+    assert_numbers_carry_units(page)
     assert page["pageWidth"] <= page["viewWidth"], (
         f"the page is {page['pageWidth']} px wide in a {page['viewWidth']} px window"
     )
+
+
+def assert_numbers_carry_units(page: dict[str, Any]) -> None:
+    """Every number a person reads has at most 3 decimals, and every quantity its unit:
+    the page's text, chart labels and tooltips, then each place that shows a quantity."""
+    texts = [page["text"], *page["svgText"], *page["tooltips"]]
+    raw = [m for t in texts for m in RAW_FLOAT.findall(t)]
+    assert not raw, f"unformatted numbers: {raw[:5]}"
+    bare = [
+        f"{m[1]}{m[2]}"
+        for t in texts
+        for m in DECIMAL.finditer(ADDRESS.sub("", t))
+        if not DECIMAL_UNIT.match(m[2])
+    ]
+    assert not bare, f"numbers without a unit: {bare[:5]}"
+    for label in page["yLabels"]:
+        assert AXIS_Y[label["chart"]].match(label["text"]), label
+    assert len(page["yLabels"]) == 10  # five per chart
+    for label in page["xLabels"]:
+        assert AXIS_X.match(label), label
+    for card in page["cards"]:
+        form = COUNT if card["k"] in COUNT_CARDS else QUANTITY
+        assert form.match(card["v"]), card
+    for row in page["tileRows"]:  # status, step, rate, step time, "seen ... ago" or "gone"
+        _, _, rate, step_time, seen = row
+        assert QUANTITY.match(rate) and QUANTITY.match(step_time.rstrip("*")), row
+        assert seen == "gone" or QUANTITY.match(seen.removeprefix("seen ").removesuffix(" ago")), (
+            row
+        )
+    for cells in page["memberCells"]:  # ..., step time, manager, store, world size, last seen
+        step_time, last_seen = cells[3], cells[7]
+        assert QUANTITY.match(step_time), cells
+        assert last_seen == "dead" or QUANTITY.match(last_seen.removesuffix(" ago")), cells
 
 
 def test_a_killed_replica_and_its_rejoin_show_in_the_rendered_dashboard(
@@ -174,6 +240,7 @@ def test_a_killed_replica_and_its_rejoin_show_in_the_rendered_dashboard(
     assert "liveness stream closed" in death["text"]
     assert re.search(r"\d+(\.\d+)? (ms|s)\b", page["text"]), "no durations with units"
     assert re.search(r"\d+(\.\d+)? steps/s", page["text"]), "no step rates with units"
+    assert page["tileRows"] and page["memberCells"]  # the checks above had rows to check
 
 
 @contextmanager
@@ -237,3 +304,44 @@ def synthetic_restart(state: JobStateFile, clock: FakeClock) -> dict[str, Any]:
     """The ``/status`` of a lighthouse just restarted with ``state``: no quorum yet."""
     core = LighthouseCore(CONFIG, clock, "0dd0e90c0002", LighthouseMetrics(), state)
     return core.snapshot()
+
+
+# The page's own formatters over 22 decades (1e-9 to 1e12, and 0), as the page calls them.
+FORMATTERS_JS = """(() => {
+  const xs = [0];
+  for (let k = -9; k <= 12; k++) for (const m of [1, 1.234567, 4.99999, 9.87654]) xs.push(m * 10 ** k);
+  const out = [];
+  for (const x of xs) {
+    out.push(["time", x, fmt.ms(x)], ["time", x, fmt.secs(x)], ["time", x, fmt.heal_s(x)],
+      ["ago", x, fmt.ago(x)], ["rate", x, fmt.rate(x)], ["bytes", x, fmt.bytes(Math.round(x))],
+      ["bytes/s", x, fmt.bytesPerS(x)], ["axis", x, fmt.rateAxis(x, x)], ["axis", x, fmt.rateAxis(x, 4 * x)]);
+  }
+  return out;
+})()"""
+TIME = rf"{NUMBER} (?:ns|µs|ms|s|min|h)(?: \d+ (?:s|min))?"
+FORMS = {
+    "time": re.compile(rf"^{TIME}$"),
+    "ago": re.compile(rf"^{TIME} ago$"),
+    "rate": re.compile(rf"^{NUMBER} steps/(?:s|min|h)$"),
+    "bytes": re.compile(rf"^{NUMBER} [kMGTPE]?B$"),
+    "bytes/s": re.compile(rf"^{NUMBER} [kMGTPE]?B/s$"),
+    "axis": AXIS_Y["chart-rate"],
+}
+
+
+def test_every_number_format_has_its_unit_and_at_most_three_decimals(
+    chromium_path: str, tmp_path: Path
+) -> None:
+    """Durations, step rates, bytes and heal rates from 1e-9 to 1e12 of their unit, and
+    0: each comes out as a number with at most 3 decimals and its unit (a value too
+    small for its unit moves to a smaller one), never as a raw float."""
+    job = synthetic_status(replicas=8, minutes=1.0, clock=FakeClock())
+    with (
+        serve(lambda: job.status) as url,
+        Chromium(chromium_path, tmp_path / "profile", 1280, 900) as chromium,
+    ):
+        assert_readable(render(chromium, url, tmp_path, "dashboard_8"))
+        outputs: list[list[Any]] = chromium.evaluate(FORMATTERS_JS)
+    assert len(outputs) == 89 * 9
+    bad = [(form, x, text) for form, x, text in outputs if not FORMS[form].match(text)]
+    assert not bad, f"{len(bad)} formatted values without their unit or with 4+ decimals: {bad[:8]}"
