@@ -11,6 +11,9 @@ Each setting: its environment variable, unit and default.
 - hostname         TORCHFT_HOSTNAME       address other machines use to reach this rank's manager
                                           and checkpoint servers (default: the machine's hostname
                                           for the manager server, loopback-safe for checkpoints)
+- incarnation      TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT (set by torchrun): scopes
+                                          the keys a group writes in torchrun's store, which
+                                          outlives a restart of its workers
 - bind_host        TORCHFT_BIND_HOST      the address this rank's manager server (group rank 0) and
                                           checkpoint server listen on, e.g. one interface's address
                                           (default: every interface, ``::`` and ``0.0.0.0``, when
@@ -213,6 +216,10 @@ class ManagerConfig:
     port: int
     hostname: str | None = None
     bind_host: str | None = None  # None: every interface with a job secret, else loopback
+    # The launcher's incarnation of this group (torchrun's TORCHELASTIC_RUN_ID and
+    # TORCHELASTIC_RESTART_COUNT): torchrun's store outlives a restart of its workers,
+    # so the keys a group writes there are scoped to it. None: not under torchrun.
+    incarnation: str | None = None
 
     @classmethod
     def from_env(
@@ -262,6 +269,11 @@ class ManagerConfig:
             port=integer("TORCHFT_MANAGER_PORT", port, 0),
             hostname=hostname if hostname is not None else env.get("TORCHFT_HOSTNAME") or None,
             bind_host=bind_host if bind_host is not None else env.get("TORCHFT_BIND_HOST") or None,
+            incarnation=(
+                f"{env.get('TORCHELASTIC_RUN_ID', '')}/{env['TORCHELASTIC_RESTART_COUNT']}"
+                if "TORCHELASTIC_RESTART_COUNT" in env
+                else None
+            ),
         )
         config.validate()
         if config.lighthouse_addr:

@@ -5,11 +5,20 @@ group is a new member) and publishes its address and that id in the group's
 TCPStore under torchft's keys (`MANAGER_ADDR_KEY`, `REPLICA_ID_KEY`); every
 rank reads them there. Rank 0 then talks to its own server in-process
 (`LocalManagerClient`), the others over gRPC.
+
+Under torchrun the keys are scoped to the launcher's incarnation
+(`group_key`): torchrun's store outlives a restart of its workers
+(``--max-restarts``), and a restarted rank that read the previous
+incarnation's address retried a dead server for a minute. A store that does
+not answer fails within `STORE_CONNECT_S`, naming ``MASTER_ADDR:MASTER_PORT``.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
+import threading
+import time
 import uuid
 from datetime import timedelta
 
@@ -30,13 +39,60 @@ __all__ = [
     "REPLICA_ID_KEY",
     "advertised_store_addr",
     "connect_replica_group",
+    "group_key",
     "manager_bind",
+    "open_group_store",
 ]
 
 #: Group-store key where rank 0 publishes its manager server's address.
 MANAGER_ADDR_KEY = "manager_addr"
 #: Group-store key where rank 0 publishes the group's replica id (with its incarnation suffix).
 REPLICA_ID_KEY = "replica_id"
+#: The longest wait for the group's store to answer at all (s), before the error names it.
+STORE_CONNECT_S = 5.0
+
+
+def group_key(config: ManagerConfig, key: str) -> str:
+    """`key` as this group writes it in its store: scoped to the launcher's
+    incarnation under torchrun, torchft's plain key otherwise."""
+    return key if config.incarnation is None else f"torchft_pg/{config.incarnation}/{key}"
+
+
+def open_group_store(config: ManagerConfig, connect_timeout: timedelta) -> TCPStore:
+    """A client of the replica group's store (``MASTER_ADDR:MASTER_PORT``), reached
+    within `STORE_CONNECT_S` (or `connect_timeout` if shorter); its later waits
+    (for rank 0's keys) are bounded by `connect_timeout`. ConnectionError naming
+    the address and the variables if nothing listens there, or the host does
+    not resolve (at once: that is not transient)."""
+    first = min(connect_timeout, timedelta(seconds=STORE_CONNECT_S))
+    where = f"{config.store_addr}:{config.store_port}"
+    hint = (
+        "start the group with torchrun (which hosts it) or start a TCPStore there first, "
+        "and check MASTER_ADDR:MASTER_PORT (or the Manager's store_addr/store_port)"
+    )
+    # A plain connect first: c10d's client would print a stack trace per retry.
+    deadline = time.monotonic() + first.total_seconds()
+    pause = threading.Event()
+    while True:
+        try:
+            socket.create_connection((config.store_addr, config.store_port), timeout=1.0).close()
+            break
+        except socket.gaierror as e:
+            raise ConnectionError(
+                f"the replica group's store host {config.store_addr!r} does not resolve ({e}): {hint}"
+            ) from e
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"nothing answers at the replica group's store, {where}, after "
+                    f"{first.total_seconds():g} s ({e}): {hint}"
+                ) from e
+            pause.wait(0.2)  # the store may be starting (a launcher starts it first)
+    store = TCPStore(
+        config.store_addr, config.store_port, is_master=False, timeout=first, wait_for_workers=False
+    )
+    store.set_timeout(connect_timeout)
+    return store
 
 
 def _is_loopback(host: str) -> bool:
@@ -84,13 +140,8 @@ def connect_replica_group(
     `connect_timeout` bounds reaching the group store, the lighthouse and the
     server; `heartbeat_interval` is the server's liveness ping period.
     """
-    store = TCPStore(
-        config.store_addr,
-        config.store_port,
-        is_master=False,
-        timeout=connect_timeout,
-        wait_for_workers=False,
-    )
+    store = open_group_store(config, connect_timeout)
+    addr_key, id_key = group_key(config, MANAGER_ADDR_KEY), group_key(config, REPLICA_ID_KEY)
     server: ManagerServer | None = None
     if config.rank == 0:
         full_id = f"{config.replica_id}:{uuid.uuid4().hex[:12]}"
@@ -106,10 +157,10 @@ def connect_replica_group(
             connect_timeout=connect_timeout,
             quorum_retries=quorum_retries,
         )
-        store.set(MANAGER_ADDR_KEY, server.address())
-        store.set(REPLICA_ID_KEY, full_id)
-    addr = store.get(MANAGER_ADDR_KEY).decode()
-    full_id = store.get(REPLICA_ID_KEY).decode()
+        store.set(addr_key, server.address())
+        store.set(id_key, full_id)
+    addr = store.get(addr_key).decode()
+    full_id = store.get(id_key).decode()
     if server is not None:  # rank 0 calls its own server without gRPC
         return LocalManagerClient(server, addr, connect_timeout), full_id, server
     return ManagerClient(addr, connect_timeout), full_id, None

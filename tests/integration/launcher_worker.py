@@ -20,6 +20,9 @@ from torchft_pg.manager import Manager
 
 MAX_STEPS = 100_000  # the test kills the process long before
 PACE_S = 0.02  # stands for a step's compute (s)
+# CRASH_AT_STEP=N: group rank 1 of torchrun's first incarnation exits 1 once its group
+# has committed N steps (or healed past them).
+CRASH_AT = int(os.environ.get("CRASH_AT_STEP", "-1"))
 
 
 def emit(fields: dict[str, object]) -> None:
@@ -37,11 +40,24 @@ def main() -> int:
         quorum_timeout=timedelta(seconds=30),
         connect_timeout=timedelta(seconds=30),
     )
-    print(
-        json.dumps({"event": "ready", "pid": os.getpid(), "rank": os.environ["RANK"]}), flush=True
+    emit(
+        {
+            "event": "ready",
+            "pid": os.getpid(),
+            "rank": os.environ["RANK"],
+            "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+        }
     )
     pace = threading.Event()
+    first_incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     for _ in range(MAX_STEPS):
+        if (
+            first_incarnation
+            and os.environ["RANK"] == "1"
+            and manager.current_step() >= CRASH_AT >= 0
+        ):
+            emit({"event": "crash", "pid": os.getpid()})
+            os._exit(1)
         manager.start_quorum()
         t = torch.ones(1)
         manager.allreduce(t).wait()
@@ -50,6 +66,8 @@ def main() -> int:
             {
                 "event": "step",
                 "replica": os.environ["REPLICA_GROUP_ID"],
+                "rank": os.environ["RANK"],
+                "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
                 "step": manager.current_step(),
                 "committed": committed,
                 "participants": manager.num_participants(),

@@ -16,18 +16,19 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
-from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
 
 ROOT = Path(__file__).resolve().parents[2]
 IDLE_S = 60.0  # the longest wait for the next line from any worker (progress, not wall time)
+MAX_LINES = 20_000  # lines (all sources) one wait reads before it gives up
 
 
 class Lines:
@@ -45,14 +46,45 @@ class Lines:
 
         threading.Thread(target=run, daemon=True).start()
 
-    def wait(self, pred: Any, what: str) -> dict[str, Any]:
-        while True:
+    def wait(self, pred: Any, what: str, source: str) -> dict[str, Any]:
+        """The first line of `source` matching `pred`. Fails when `source` says nothing
+        for IDLE_S seconds (a deadline on its progress, not on the whole wait), or
+        after MAX_LINES of its lines without a match."""
+        last = time.monotonic()
+        for _ in range(MAX_LINES):
             try:
                 line = self.queue.get(timeout=IDLE_S)
             except queue.Empty:
-                raise AssertionError(f"no output for {IDLE_S} s while waiting for {what}") from None
-            if pred(line):
-                return line
+                line = {"source": None}
+            if line["source"] == source:
+                last = time.monotonic()
+                if pred(line):
+                    return line
+            elif time.monotonic() - last > IDLE_S:
+                raise AssertionError(
+                    f"{source} said nothing for {IDLE_S} s while waiting for {what}"
+                )
+        raise AssertionError(f"{MAX_LINES} lines without {what}")
+
+
+def group(torchrun: Path, name: str, env: dict[str, str], *flags: str) -> subprocess.Popen[str]:
+    """Replica group `name`: two ranks of launcher_worker under a real torchrun.
+    (Every group of a job has the same number of ranks.)"""
+    return subprocess.Popen(
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node=2",
+            *flags,
+            "-m",
+            "tests.integration.launcher_worker",
+        ],
+        cwd=ROOT,
+        env={**env, "REPLICA_GROUP_ID": name},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
 def alive(pid: int) -> bool:
@@ -80,7 +112,6 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
     lighthouse = LighthouseServer(
         bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, http_bind=None
     )
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -90,35 +121,8 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
     env.pop("TORCHFT_EXIT_WITH_LAUNCHER", None)
     lines = Lines()
     torchrun = Path(sys.executable).parent / "torchrun"
-    a = subprocess.Popen(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "tests.integration.launcher_worker",
-        ],
-        cwd=ROOT,
-        env={**env, "REPLICA_GROUP_ID": "a"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    b = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.launcher_worker"],
-        cwd=ROOT,
-        env={
-            **env,
-            "REPLICA_GROUP_ID": "b",
-            "RANK": "0",
-            "WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(store.port),
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    a = group(torchrun, "a", env)
+    b = group(torchrun, "b", env)
     lines.pump(a, "a")
     lines.pump(b, "b")
     workers: list[int] = []
@@ -127,12 +131,13 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
             while len(workers) < 2:
                 workers.append(
                     lines.wait(
-                        lambda e: e["source"] == "a" and e["event"] == "ready", "a's workers"
+                        lambda e: e["source"] == "a" and e["event"] == "ready", "a's workers", "a"
                     )["pid"]
                 )
             lines.wait(
                 lambda e: e["source"] == "b" and e["event"] == "step" and e["participants"] == 2,
                 "both groups in one step",
+                "b",
             )
             a.send_signal(signal.SIGKILL)  # torchrun itself, not its workers
             a.wait(timeout=30)
@@ -144,6 +149,7 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
                     and e["participants"] == 1
                 ),
                 "b to commit without a",
+                "b",
             )
             # Each worker notices within half a second and leaves (SIGTERM, at worst
             # an exit 2 s later): give them 5 s, as a user would wait for them.
@@ -160,4 +166,58 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
         if a.poll() is None:
             a.kill()
             a.wait(timeout=30)
+        lighthouse.shutdown()
+
+
+@pytest.mark.timeout(300)
+def test_a_group_restarted_in_place_by_torchrun_rejoins() -> None:
+    """torchrun --max-restarts=1 restarts every worker of a group when one fails;
+    its store outlives the restart, so the keys the group writes there are
+    scoped to the incarnation (a restarted rank used to read the old manager's
+    address and retry a dead server for a minute)."""
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, http_bind=None
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "TORCHFT_LIGHTHOUSE": lighthouse.address(),
+        "TORCHFT_BIND_HOST": "127.0.0.1",
+    }
+    lines = Lines()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    a = group(torchrun, "a", {**env, "CRASH_AT_STEP": "5"}, "--max-restarts=1")
+    b = group(torchrun, "b", env)
+    lines.pump(a, "a")
+    lines.pump(b, "b")
+    workers: list[int] = []
+    try:
+        with killed_at_exit(workers):
+            crashed = lines.wait(
+                lambda e: e["source"] == "a" and e["event"] == "crash", "a crash", "a"
+            )
+            workers.append(crashed["pid"])
+            for _ in range(2):  # the second incarnation's ranks
+                ready = lines.wait(
+                    lambda e: e["source"] == "a" and e["event"] == "ready" and e["restart"] == "1",
+                    "torchrun to restart a's workers",
+                    "a",
+                )
+                workers.append(ready["pid"])
+            back = lines.wait(
+                lambda e: (
+                    e["source"] == "a"
+                    and e["event"] == "step"
+                    and e["restart"] == "1"
+                    and e["committed"]
+                    and e["participants"] == 2
+                ),
+                "the restarted group to commit with b",
+                "a",
+            )
+            assert back["step"] > 5
+    finally:
+        for proc in (a, b):
+            proc.kill()
+            proc.wait(timeout=30)
         lighthouse.shutdown()
