@@ -7,6 +7,7 @@ accept torchft's ``http://host:port``.
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -149,6 +150,25 @@ def method_handlers(
     return grpc.method_handlers_generic_handler(service, table)
 
 
+def _why_cannot_bind(bind: str) -> str:
+    """Why a plain socket cannot bind `bind` either, in words (what gRPC does not say)."""
+    try:
+        host, port = split_host_port(bind, "bind")
+    except ValueError as e:
+        return str(e)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((host if host not in ("", "*") else "", port))
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            return f"port {port} is in use (another lighthouse or server already runs there); choose another port"
+        if e.errno == errno.EADDRNOTAVAIL:
+            return f"{host!r} is not an address of this machine"
+        return str(e)
+    return "gRPC could not bind it (run with GRPC_VERBOSITY=debug for its reason)"
+
+
 def bind_server(
     service: str,
     handlers: Mapping[str, Callable[..., Any]],
@@ -179,13 +199,16 @@ def bind_server(
     server = grpc.aio.server(options=grpc_server_options(keepalive_ms, limits))
     admitted = None if conn_guard is None or not conn_guard.enforced else conn_guard.admitted
     server.add_generic_rpc_handlers((method_handlers(service, handlers, secret, job_id, admitted),))
-    port: int = (
-        server.add_insecure_port(bind)
-        if credentials is None
-        else server.add_secure_port(bind, credentials)
-    )
+    try:
+        port: int = (
+            server.add_insecure_port(bind)
+            if credentials is None
+            else server.add_secure_port(bind, credentials)
+        )
+    except RuntimeError:  # grpcio raises "Failed to bind to address ..." instead of a 0
+        port = 0
     if port == 0:
-        raise OSError(f"could not bind {what} to {bind!r}")
+        raise OSError(f"{what} cannot listen on {bind!r}: {_why_cannot_bind(bind)}")
     if conn_guard is not None:
         conn_guard.watch(port)
     return server, port

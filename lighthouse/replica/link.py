@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import threading
 from collections.abc import Callable, Coroutine
 from datetime import timedelta
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 import grpc
 
 from lighthouse import auth, services, wire
-from lighthouse._net import BROKEN_CALL, CHANNEL_OPTIONS, connection_error, stub
+from lighthouse._net import BROKEN_CALL, CHANNEL_OPTIONS, connection_error, split_host_port, stub
 from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
@@ -172,7 +173,9 @@ class LighthouseLink:
             await channel.close()
 
     async def connect(self) -> None:
-        """Wait up to ``connect_s`` for the lighthouse, then start the liveness stream."""
+        """Wait up to ``connect_s`` for the lighthouse, then start the liveness stream.
+        A host name that does not resolve fails at once: that is not transient."""
+        await self._check_resolves()
         self._dial()
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
@@ -200,6 +203,21 @@ class LighthouseLink:
                 f"connect_timeout {self._connect_s:g} s"
                 + (f" (it answered {self._refusal})" if self._refusal else "")
             ) from None
+
+    async def _check_resolves(self) -> None:
+        host, port = split_host_port(self._lh_addr, "the lighthouse address")
+        try:
+            await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                timeout=min(self._connect_s, 10.0),
+            )
+        except socket.gaierror as e:
+            raise LighthouseUnavailableError(
+                f"the lighthouse's host {host!r} (from {self._lh_addr}) does not resolve: {e}; "
+                "check TORCHFT_LIGHTHOUSE (or lighthouse_addr)"
+            ) from None
+        except asyncio.TimeoutError:
+            pass  # a slow resolver: let the connection attempt say what is wrong
 
     async def _why_unreachable(self) -> str:
         """The channel's last connection error, or "" if it does not say within a second."""
