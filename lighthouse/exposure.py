@@ -43,9 +43,12 @@ __all__ = [
 
 #: Set to 1 (or true/yes/on) to let servers listen beyond loopback without a job secret.
 INSECURE_ENV = "TORCHFT_INSECURE"
-#: The loopback bind of a gRPC server: gRPC listens on 127.0.0.1 and ::1 for it, so
-#: clients dialing ``localhost`` reach it whichever address they resolve first.
-LOOPBACK_HOST = "localhost"
+#: The loopback bind of a gRPC server. Not ``localhost``: for it gRPC binds ::1 and
+#: 127.0.0.1, and when the port it took on the first is taken on the second it
+#: binds one alone without failing (measured with port 0: "Only 1 addresses added
+#: out of total 2"), so a peer dialing the other address could reach another
+#: process. Clients that dial ``localhost`` try 127.0.0.1 after ::1 is refused.
+LOOPBACK_HOST = "127.0.0.1"
 #: The loopback bind of a Python HTTP server (one address family per socket).
 LOOPBACK_V4 = "127.0.0.1"
 _TRUE = ("1", "true", "yes", "on")

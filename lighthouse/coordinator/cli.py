@@ -68,7 +68,7 @@ def build_parser(
         "--bind",
         default=None,
         help=f"gRPC listen address host:port; default: [::]:{DEFAULT_PORT} (every interface) "
-        f"with a job secret, else localhost:{DEFAULT_PORT} (this machine only). Beyond "
+        f"with a job secret, else 127.0.0.1:{DEFAULT_PORT} (this machine only). Beyond "
         "loopback without a job secret: refused unless --insecure",
     )
     p.add_argument(
@@ -106,7 +106,7 @@ def build_parser(
         "--http-bind",
         default=None,
         help="dashboard, /status and /metrics host:port; 'none' to disable; default: "
-        f"[::]:{DEFAULT_HTTP_PORT} with a job secret, else localhost:{DEFAULT_HTTP_PORT}",
+        f"[::]:{DEFAULT_HTTP_PORT} with a job secret, else 127.0.0.1:{DEFAULT_HTTP_PORT}",
     )
     p.add_argument(
         "--insecure",
@@ -200,7 +200,7 @@ def default_binds(
 ) -> tuple[str, str | None]:
     """The gRPC and status binds: the flags as given ('none' disables the status
     page), else port 29510 and 29511 on every interface with a job ``secret`` (or
-    ``insecure``) and on ``localhost`` without (``lighthouse.exposure``)."""
+    ``insecure``) and on 127.0.0.1 without (``lighthouse.exposure``)."""
     host = exposure.default_host(secret, insecure)
     grpc_bind = bind or join_host_port(host, DEFAULT_PORT)
     if http_bind is None:

@@ -110,7 +110,7 @@ class LighthouseServer:
     Args:
         bind: gRPC listen address, ``host:port`` (port 0 picks a free one).
             None: ``[::]:0`` (every interface) with a job secret, else
-            ``localhost:0`` (this machine only). A bind beyond loopback without
+            ``127.0.0.1:0`` (this machine only). A bind beyond loopback without
             a job secret raises ``ValueError`` unless ``insecure``
             (``lighthouse.exposure``); torchft's Ray Train integration binds
             ``[::]:0`` and so needs ``TORCHFT_JOB_SECRET`` (or ``TORCHFT_INSECURE=1``).

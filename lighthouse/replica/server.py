@@ -86,7 +86,7 @@ class ManagerServer:
         hostname: host to advertise to peers; default: the bind host, or the
             machine's name for a wildcard bind (pass the right NIC's address).
         bind: listen address ``host:port`` (port 0 picks one). None: ``[::]:0``
-            (every interface) with a job secret, else ``localhost:0``; beyond
+            (every interface) with a job secret, else ``127.0.0.1:0``; beyond
             loopback without a job secret: ``ValueError`` unless ``insecure``
             (``lighthouse.exposure``). A loopback bind advertises only a
             loopback ``hostname``.

@@ -55,7 +55,7 @@ def test_loopback_binds_never_need_a_secret(host: str) -> None:
 
 
 def test_the_default_host_is_every_interface_only_with_a_secret_or_an_opt_out() -> None:
-    assert exposure.default_host(None, False) == "localhost"
+    assert exposure.default_host(None, False) == "127.0.0.1"
     assert exposure.default_host(SECRET, False) == "::"
     assert exposure.default_host(None, True) == "::"
     assert exposure.default_host(None, False, loopback="127.0.0.1", wildcard="0.0.0.0") == (
@@ -174,14 +174,14 @@ def test_servers_without_a_secret_listen_on_loopback_by_default(no_secret: None)
     from torchft_pg.checkpointing import HTTPTransport
 
     with LighthouseServer(min_replicas=1, http_bind="localhost:0") as lh:
-        assert lh.address().startswith("http://localhost:")
+        assert lh.address().startswith("http://127.0.0.1:")
         for port in (lh.port, int(str(lh.http_address()).rsplit(":", 1)[1])):
             hosts = _listening_hosts(port)
             assert hosts and hosts <= LOOPBACK, (port, hosts)
         ms = ManagerServer("a:1", lh.address(), connect_timeout=timedelta(seconds=10))
         try:
             host, ms_port = ms.address().rsplit(":", 1)
-            assert host == "localhost", ms.address()
+            assert host == "127.0.0.1", ms.address()
             hosts = _listening_hosts(int(ms_port))
             assert hosts and hosts <= LOOPBACK, hosts
         finally:
@@ -292,8 +292,8 @@ def test_torchtitans_lighthouse_command_serves_localhost_without_a_setting(
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()
-        assert first.startswith("lighthouse listening on http://localhost:29510"), first
-        assert "status http://localhost:29511" in first, first
+        assert first.startswith("lighthouse listening on http://127.0.0.1:29510"), first
+        assert "status http://127.0.0.1:29511" in first, first
         hosts = _listening_hosts(29510)
         assert hosts and hosts <= LOOPBACK, hosts
         client = LighthouseClient("http://localhost:29510", connect_timeout=td(seconds=10))

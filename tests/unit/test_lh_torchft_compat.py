@@ -205,8 +205,8 @@ def test_torchft_lighthouse_has_torchfts_defaults_and_requires_min_replicas(
     assert (args.join_timeout_ms, args.quorum_tick_ms) == (60_000, 100)
     # torchft's [::]:29510 with a job secret; this machine only without one
     assert default_binds(args.bind, args.http_bind, None, False) == (
-        "localhost:29510",
-        "localhost:29511",
+        "127.0.0.1:29510",
+        "127.0.0.1:29511",
     )
     assert default_binds(args.bind, args.http_bind, "s" * 16, False) == (
         "[::]:29510",

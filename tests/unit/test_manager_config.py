@@ -15,7 +15,7 @@ def test_loopback_without_a_secret_every_interface_with_one_unless_a_bind_host_i
 ) -> None:
     for var in ("TORCHFT_JOB_SECRET", "TORCHFT_JOB_SECRET_FILE", "TORCHFT_INSECURE"):
         monkeypatch.delenv(var, raising=False)
-    assert manager_bind(ManagerConfig.from_env(ENV)) == "localhost:0"
+    assert manager_bind(ManagerConfig.from_env(ENV)) == "127.0.0.1:0"
     assert manager_bind(ManagerConfig.from_env(ENV), job_secret="s" * 16) == "[::]:0"
     monkeypatch.setenv("TORCHFT_INSECURE", "1")  # the explicit opt-out: as before
     assert manager_bind(ManagerConfig.from_env(ENV)) == "[::]:0"
