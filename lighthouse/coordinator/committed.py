@@ -72,11 +72,6 @@ class CommittedStep:
         # the last Together returned: (step, committed, how many members)
         self._last: tuple[int, bool, int] | None = None
 
-    @property
-    def tracked(self) -> frozenset[str]:
-        """The live members of the tracked quorum."""
-        return frozenset(self._unreported) | frozenset(self._reached)
-
     def issued(self, replica_ids: Iterable[str]) -> None:
         """A quorum of ``replica_ids`` was issued: from now on only its members'
         reports count, and each must report again before any counts."""
