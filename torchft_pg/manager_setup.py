@@ -59,11 +59,11 @@ def group_key(config: ManagerConfig, key: str) -> str:
 
 
 def open_group_store(config: ManagerConfig, connect_timeout: timedelta) -> TCPStore:
-    """A client of the replica group's store (``MASTER_ADDR:MASTER_PORT``), reached
-    within `STORE_CONNECT_S` (or `connect_timeout` if shorter); its later waits
-    (for rank 0's keys) are bounded by `connect_timeout`. ConnectionError naming
-    the address and the variables if nothing listens there, or the host does
-    not resolve (at once: that is not transient)."""
+    """A client of the replica group's store (``MASTER_ADDR:MASTER_PORT``). Something
+    must accept connections there within `STORE_CONNECT_S` (or `connect_timeout`
+    if shorter), else a ConnectionError names the address and the variables (at
+    once if the host does not resolve: that is not transient); the client's own
+    handshake and its waits for rank 0's keys are bounded by `connect_timeout`."""
     first = min(connect_timeout, timedelta(seconds=STORE_CONNECT_S))
     where = f"{config.store_addr}:{config.store_port}"
     hint = (
@@ -88,11 +88,15 @@ def open_group_store(config: ManagerConfig, connect_timeout: timedelta) -> TCPSt
                     f"{first.total_seconds():g} s ({e}): {hint}"
                 ) from e
             pause.wait(0.2)  # the store may be starting (a launcher starts it first)
-    store = TCPStore(
-        config.store_addr, config.store_port, is_master=False, timeout=first, wait_for_workers=False
+    # Something listens: the client's own connect and handshake get the whole
+    # connect_timeout (a busy store answers slowly, but it answers).
+    return TCPStore(
+        config.store_addr,
+        config.store_port,
+        is_master=False,
+        timeout=connect_timeout,
+        wait_for_workers=False,
     )
-    store.set_timeout(connect_timeout)
-    return store
 
 
 def _is_loopback(host: str) -> bool:
