@@ -12,7 +12,7 @@ TORCH_CHECK = import sys, torch; v = torch.__version__; \
 	sys.exit(f'torch changed to {v}, not $(TORCH_VERSION)') if v.split('+')[0] != '$(TORCH_VERSION)' \
 	else print(f'==> .venv has torch {v} ({build} build)')
 
-.PHONY: install install-torchft-compat install-test-extras install-browser demo test test-slow test-browser lint bench proto clean
+.PHONY: install install-torchft-compat install-test-extras install-browser demo test test-slow test-browser lint docs bench proto clean
 
 # One line per step before it starts, so a first install (40-100 s on 2 cores) is never
 # silent for long; pip's own lines show where torch comes from and what else it fetches.
@@ -76,6 +76,10 @@ lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs 
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
 
+docs:  ## the reference site (docs/ and the API from the docstrings) in docs/_build/html; warnings are errors
+	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
+	@echo "==> docs/_build/html/index.html"
+
 bench:  ## every benchmark: tables plus one JSON line each (~7 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
@@ -90,4 +94,4 @@ proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
 	$(PY) -m lighthouse._codegen lighthouse/_gen
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv build *.egg-info .pytest_cache .mypy_cache .ruff_cache docs/_build

@@ -144,8 +144,8 @@ def exposure_warning(what: str, bind_host: str, secret: str | None) -> str | Non
     return (
         f"{what} listens on {bind_host or '*'} with no job secret: anyone who can reach it "
         f"can join, read or stop this job. Set {SECRET_ENV} (or {SECRET_FILE_ENV}) in every "
-        "process of the job, or bind to 127.0.0.1 for a job on one machine (README: "
-        "'Security and network exposure')"
+        "process of the job, or bind to 127.0.0.1 for a job on one machine "
+        "(docs/security.md)"
     )
 
 

@@ -109,7 +109,7 @@ def check_bind(what: str, bind: str, bind_host: str, secret: str | None, insecur
         f"in every process of the job ({SECRET_ENV}, or {SECRET_FILE_ENV} naming a file "
         "that holds it; 16+ characters), or bind to 127.0.0.1 for a job on one machine, or "
         f"opt out explicitly with {INSECURE_ENV}=1 (the lighthouse's command line: "
-        "--insecure). README: 'Security and network exposure'"
+        "--insecure); docs/security.md"
     )
 
 

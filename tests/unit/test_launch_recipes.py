@@ -415,8 +415,8 @@ def test_k8s_replica_groups_find_the_lighthouse_and_share_its_secret_and_job() -
         assert volume["secret"]["defaultMode"] == 0o400
         secret_names.add((volume["secret"]["secretName"], item["key"]))
     assert secret_names == {("torchft-pg-job-secret", "job-secret")}
-    readme = (ROOT / "README.md").read_text()
-    assert "kubectl create secret generic torchft-pg-job-secret --from-file=job-secret" in readme
+    recipe = (ROOT / "docs" / "operations.md").read_text()  # where the recipes are explained
+    assert "kubectl create secret generic torchft-pg-job-secret --from-file=job-secret" in recipe
 
 
 def test_k8s_each_pod_is_one_replica_group() -> None:
