@@ -21,7 +21,10 @@ from torchft_pg.manager import Manager
 MAX_STEPS = 100_000  # the test kills the process long before
 PACE_S = 0.02  # stands for a step's compute (s)
 # CRASH_AT_STEP=N: group rank 1 of torchrun's first incarnation exits 1 once its group
-# has committed N steps (or healed past them).
+# has committed N steps (or healed past them) and at least one of them with another
+# group, so a live peer holds the job's committed step when it comes back (a group that
+# trained alone and died takes the committed step with it, and the lighthouse rightly
+# refuses to restart the job below it).
 CRASH_AT = int(os.environ.get("CRASH_AT_STEP", "-1"))
 
 
@@ -50,10 +53,12 @@ def main() -> int:
     )
     pace = threading.Event()
     first_incarnation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    shared = False  # committed a step with another group
     for _ in range(MAX_STEPS):
         if (
             first_incarnation
             and os.environ["RANK"] == "1"
+            and shared
             and manager.current_step() >= CRASH_AT >= 0
         ):
             emit({"event": "crash", "pid": os.getpid()})
@@ -62,6 +67,7 @@ def main() -> int:
         t = torch.ones(1)
         manager.allreduce(t).wait()
         committed = manager.should_commit()
+        shared = shared or (committed and manager.num_participants() > 1)
         emit(
             {
                 "event": "step",

@@ -1,10 +1,11 @@
 """Killing a replica group's torchrun removes the group from the job.
 
 torchrun (torch 2.13) starts its workers in sessions of their own, so a
-SIGKILL of torchrun used to leave them training as that group. Here group
-"a" runs under a real torchrun (2 ranks) and group "b" as a plain process,
-against a real lighthouse: after torchrun is killed, a's workers exit by
-themselves and b's steps go on with one participant.
+SIGKILL of torchrun used to leave them training as that group. Here groups
+"a" and "b" each run under a real torchrun (2 ranks) against a real
+lighthouse: after a's torchrun is killed, a's workers exit by themselves and
+b's steps go on with one participant. A second test has torchrun restart a
+group in place and checks that it rejoins.
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ MAX_LINES = 20_000  # lines (all sources) one wait reads before it gives up
 class Lines:
     """JSON lines of several processes, on one queue."""
 
-    def __init__(self) -> None:
+    def __init__(self, logs: Path) -> None:
         self.queue: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.logs = logs  # each source's stderr is logs / f"{source}.log"
+
+    def tail(self, source: str) -> str:
+        """The end of `source`'s stderr, for a failure message."""
+        path = self.logs / f"{source}.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def pump(self, proc: subprocess.Popen[str], source: str) -> None:
         def run() -> None:
@@ -62,29 +69,35 @@ class Lines:
                     return line
             elif time.monotonic() - last > IDLE_S:
                 raise AssertionError(
-                    f"{source} said nothing for {IDLE_S} s while waiting for {what}"
+                    f"{source} said nothing for {IDLE_S} s while waiting for {what}; "
+                    f"its stderr ends:\n{self.tail(source)}"
                 )
-        raise AssertionError(f"{MAX_LINES} lines without {what}")
+        raise AssertionError(
+            f"{MAX_LINES} lines without {what}; {source}'s stderr ends:\n{self.tail(source)}"
+        )
 
 
-def group(torchrun: Path, name: str, env: dict[str, str], *flags: str) -> subprocess.Popen[str]:
-    """Replica group `name`: two ranks of launcher_worker under a real torchrun.
-    (Every group of a job has the same number of ranks.)"""
-    return subprocess.Popen(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc_per_node=2",
-            *flags,
-            "-m",
-            "tests.integration.launcher_worker",
-        ],
-        cwd=ROOT,
-        env={**env, "REPLICA_GROUP_ID": name},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+def group(
+    torchrun: Path, name: str, env: dict[str, str], logs: Path, *flags: str
+) -> subprocess.Popen[str]:
+    """Replica group `name`: two ranks of launcher_worker under a real torchrun,
+    stderr in logs / f"{name}.log". (Every group of a job has the same number of ranks.)"""
+    with open(logs / f"{name}.log", "wb") as stderr:
+        return subprocess.Popen(
+            [
+                str(torchrun),
+                "--standalone",
+                "--nproc_per_node=2",
+                *flags,
+                "-m",
+                "tests.integration.launcher_worker",
+            ],
+            cwd=ROOT,
+            env={**env, "REPLICA_GROUP_ID": name},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
 
 
 def alive(pid: int) -> bool:
@@ -108,7 +121,7 @@ def killed_at_exit(pids: list[int]) -> Iterator[None]:
 
 
 @pytest.mark.timeout(240)
-def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> None:
+def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job(tmp_path: Path) -> None:
     lighthouse = LighthouseServer(
         bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000, http_bind=None
     )
@@ -119,10 +132,10 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
         "TORCHFT_BIND_HOST": "127.0.0.1",
     }
     env.pop("TORCHFT_EXIT_WITH_LAUNCHER", None)
-    lines = Lines()
+    lines = Lines(tmp_path)
     torchrun = Path(sys.executable).parent / "torchrun"
-    a = group(torchrun, "a", env)
-    b = group(torchrun, "b", env)
+    a = group(torchrun, "a", env, tmp_path)
+    b = group(torchrun, "b", env, tmp_path)
     lines.pump(a, "a")
     lines.pump(b, "b")
     workers: list[int] = []
@@ -170,7 +183,7 @@ def test_killing_torchrun_stops_its_workers_and_the_group_leaves_the_job() -> No
 
 
 @pytest.mark.timeout(300)
-def test_a_group_restarted_in_place_by_torchrun_rejoins() -> None:
+def test_a_group_restarted_in_place_by_torchrun_rejoins(tmp_path: Path) -> None:
     """torchrun --max-restarts=1 restarts every worker of a group when one fails;
     its store outlives the restart, so the keys the group writes there are
     scoped to the incarnation (a restarted rank used to read the old manager's
@@ -184,10 +197,10 @@ def test_a_group_restarted_in_place_by_torchrun_rejoins() -> None:
         "TORCHFT_LIGHTHOUSE": lighthouse.address(),
         "TORCHFT_BIND_HOST": "127.0.0.1",
     }
-    lines = Lines()
+    lines = Lines(tmp_path)
     torchrun = Path(sys.executable).parent / "torchrun"
-    a = group(torchrun, "a", {**env, "CRASH_AT_STEP": "5"}, "--max-restarts=1")
-    b = group(torchrun, "b", env)
+    a = group(torchrun, "a", {**env, "CRASH_AT_STEP": "5"}, tmp_path, "--max-restarts=1")
+    b = group(torchrun, "b", env, tmp_path)
     lines.pump(a, "a")
     lines.pump(b, "b")
     workers: list[int] = []
