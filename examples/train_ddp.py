@@ -88,7 +88,8 @@ def main() -> None:
         )
         print(
             f"replica {replica} rank {rank} {outcome} quorum {epoch}/{quorum} "
-            f"participants {manager.num_participants()} loss {loss.item():.4f}",
+            f"participants {manager.num_participants()} loss {loss.item():.4f}\n",
+            end="",  # one write per line: ranks share the terminal
             flush=True,
         )
         time.sleep(max(0.0, started + step_time_s - time.monotonic()))  # the pace, see above
@@ -96,7 +97,8 @@ def main() -> None:
     for p in model.parameters():
         crc = zlib.crc32(p.detach().numpy().tobytes(), crc)  # to compare across ranks
     print(
-        f"replica {replica} rank {rank} done at step {manager.current_step()} crc32 {crc:08x}",
+        f"replica {replica} rank {rank} done at step {manager.current_step()} crc32 {crc:08x}\n",
+        end="",  # one write per line: ranks share the terminal
         flush=True,
     )
     manager.shutdown()

@@ -95,7 +95,8 @@ def main() -> None:
                     print(
                         f"replica {replica} rank {os.environ.get('RANK', '0')} "
                         f"step {manager.current_step()} quorum {epoch_}/{quorum} "
-                        f"participants {manager.num_participants()} loss {loss.item():.4f}",
+                        f"participants {manager.num_participants()} loss {loss.item():.4f}\n",
+                        end="",  # one write per line: ranks share the terminal
                         flush=True,
                     )
                 if manager.current_step() >= steps:

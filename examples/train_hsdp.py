@@ -86,7 +86,8 @@ def main() -> None:
         print(
             f"replica {replica} rank {rank} "
             f"step {manager.current_step()} quorum {epoch}/{quorum} "
-            f"participants {manager.num_participants()} loss {loss.item():.4f}",
+            f"participants {manager.num_participants()} loss {loss.item():.4f}\n",
+            end="",  # one write per line: ranks share the terminal
             flush=True,
         )
     # The same group rank of every replica group holds the same shard: compare these across groups.
@@ -94,7 +95,8 @@ def main() -> None:
     for p in model.parameters():
         crc = zlib.crc32(p.to_local().detach().cpu().contiguous().numpy().tobytes(), crc)
     print(
-        f"replica {replica} rank {rank} done at step {manager.current_step()} shard crc32 {crc:08x}",
+        f"replica {replica} rank {rank} done at step {manager.current_step()} shard crc32 {crc:08x}\n",
+        end="",  # one write per line: ranks share the terminal
         flush=True,
     )
     manager.shutdown()

@@ -71,7 +71,7 @@ def fault_tolerant_job(
         lighthouse_port: the lighthouse's gRPC port
         lighthouse_http_port: the lighthouse's status/metrics port
         lighthouse_state_file: where the lighthouse keeps the committed step ("auto":
-            its working directory)
+            the user's state directory, ~/.local/state/torchft-pg)
         exit_when_idle_s: seconds without a live replica group after which the
             lighthouse role ends (successfully)
         max_retries: restarts of each replica group (its role only) before the job fails

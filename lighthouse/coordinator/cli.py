@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import re
 import signal
 import sys
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from lighthouse import auth, exposure
@@ -119,7 +123,8 @@ def build_parser(
         default="auto",
         help="JSON file keeping the job's committed step across lighthouse restarts, so a "
         "restarted lighthouse still refuses to restart the job below it; 'auto': "
-        "torchft-pg-lighthouse-<port>.state.json in the working directory; 'none': memory only",
+        "lighthouse-<port>[-<job id>].state.json in $XDG_STATE_HOME/torchft-pg (default "
+        "~/.local/state/torchft-pg); 'none': memory only",
     )
     p.add_argument(
         "--allow-step-reset",
@@ -208,15 +213,32 @@ def default_binds(
     return grpc_bind, None if http_bind.lower() == "none" else http_bind
 
 
-def state_file_for(arg: str, bind: str) -> str | None:
-    """The ``--state-file`` path: None for 'none', a per-port file in the working
-    directory for 'auto' (None if the port is 0: a fresh port each start)."""
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """Where ``--state-file auto`` keeps the job state: the user's state
+    directory (``$XDG_STATE_HOME``, else ``~/.local/state``) under ``torchft-pg``,
+    never the working directory, so a state file never lands in a checkout."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "torchft-pg"
+
+
+def state_file_for(
+    arg: str, bind: str, job_id: str | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The ``--state-file`` path: None for 'none'; for 'auto', a file per port and
+    job id in ``state_dir()`` (None if the port is 0: a fresh port each start);
+    else ``arg`` itself. A job id keeps two jobs that use the same port apart."""
     if arg.lower() == "none":
         return None
     if arg.lower() != "auto":
         return arg
     port = bind.rsplit(":", 1)[-1]
-    return None if port == "0" else f"torchft-pg-lighthouse-{port}.state.json"
+    if port == "0":
+        return None
+    name = f"lighthouse-{port}"
+    if job_id:
+        name += "-" + re.sub(r"[^A-Za-z0-9._-]", "_", job_id)[:96]
+    return str(state_dir(environ) / f"{name}.state.json")
 
 
 def torchft_main(argv: list[str] | None = None) -> int:
@@ -239,6 +261,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         secret = auth.resolve_job_secret(secret)
         insecure = args.insecure or exposure.insecure_opted_out()
         bind, http_bind = default_binds(args.bind, args.http_bind, secret, insecure)
+        state_file = state_file_for(args.state_file, bind, auth.resolve_job_id(args.job_id))
         server = LighthouseServer(
             bind=bind,
             min_replicas=args.min_replicas,
@@ -248,7 +271,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             quorum_lease=not args.no_quorum_lease,
             http_bind=http_bind,
             hostname=args.hostname,
-            state_file=state_file_for(args.state_file, bind),
+            state_file=state_file,
             allow_step_reset=args.allow_step_reset,
             quarantine_after_failures=args.quarantine_after_failures,
             quarantine_base_ms=args.quarantine_base_ms,
@@ -271,6 +294,12 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         f" status {server.http_address() or 'disabled'}"
         f" job secret {'required' if server.requires_job_secret else 'not set: calls unchecked'}"
         f" {'TLS on' if server.tls is not None else 'TLS off'}",
+        flush=True,
+    )
+    print(
+        f"job state (the committed step) kept in {state_file} (--state-file)"
+        if state_file
+        else "job state (the committed step) kept in memory only (--state-file)",
         flush=True,
     )
     while not stop.wait(timeout=1.0):

@@ -55,16 +55,19 @@ class CommittedStep:
 
     ``step``: the committed step (it only rises, except by ``reset``);
     ``members``: how many live members last reached a step together (0: none
-    yet), the quorum size a restarted lighthouse waits for a majority of.
+    yet), the quorum size a restarted lighthouse waits for a majority of;
+    ``ended``: the run that committed ``step`` ended cleanly (every member of its
+    last quorum left with a clean shutdown), so a new run may start from step 0.
     """
 
-    def __init__(self, step: int = 0, members: int = 0) -> None:
+    def __init__(self, step: int = 0, members: int = 0, ended: bool = False) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"committed step must be an int >= 0, got {step!r}")
         if isinstance(members, bool) or not isinstance(members, int) or members < 0:
             raise ValueError(f"members must be an int >= 0, got {members!r}")
         self.step = step
         self.members = members
+        self.ended = ended
         self._unreported: set[str] = set()  # tracked members with no report since the issue
         self._reached: dict[str, int] = {}  # member -> its latest reported step
         self._counts: Counter[int] = Counter()  # reported step -> members at it
@@ -116,9 +119,18 @@ class CommittedStep:
             self._failed.discard(replica_id)
 
     def reset(self, step: int) -> None:
-        """The operator allowed a quorum below the committed step: it is the job's
-        new history, so the committed step goes down to ``step``."""
+        """The operator allowed a quorum below the committed step, or a new run
+        starts after one that ended: it is the job's new history, so the committed
+        step goes down to ``step``."""
         self.step = min(self.step, step)
+        self.ended = False
+
+    def end(self) -> None:
+        """The run ended cleanly: its step stays the committed step (a restart
+        below it, from a checkpoint, is still refused), and a new run from step 0
+        is allowed (``ended``) until a quorum is issued."""
+        self.ended = True
+        self.members = 0  # a new run need not wait for the old run's size (rule 3)
 
     def _drop(self, replica_id: str) -> None:
         old = self._reached[replica_id]

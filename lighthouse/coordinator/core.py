@@ -39,6 +39,11 @@ class SupersededError(Exception):
     """A newer quorum request from the same replica replaced this one."""
 
 
+class RefusedError(Exception):
+    """The rules refused this request and no wait can change that (``Decision.final``);
+    the message is the rules' reason."""
+
+
 def _unix_ms() -> int:
     return int(time.time() * 1000)
 
@@ -63,11 +68,16 @@ class LighthouseCore:
         self.metrics = metrics
         self.job_state = job_state
         committed = recalled = 0
+        ended = False
         if job_state is not None:
             job_state.epoch = epoch
             committed = job_state.load()
             recalled = job_state.quorum_members
-        self.state = QuorumState(epoch, committed, recalled)
+            ended = job_state.run_ended
+        self.state = QuorumState(epoch, committed, recalled, run_ended=ended)
+        # a member of the latest quorum was declared dead since it was issued: the
+        # run cannot end cleanly until a quorum without it is issued
+        self._died_since_issue = False
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         # announced a clean shutdown on their liveness stream -> step committed through
@@ -157,7 +167,9 @@ class LighthouseCore:
         """Record the committed step and quorum size, both committed facts (throttled;
         ``tick`` writes what was held back)."""
         if self.job_state is not None:
-            self.job_state.record(self.state.committed_step, now, self._quorum_members())
+            self.job_state.record(
+                self.state.committed_step, now, self._quorum_members(), self.state.run_ended
+            )
 
     def flush_job_state(self) -> None:
         """Write the committed step and the quorum size now (at shutdown; a failure
@@ -168,7 +180,11 @@ class LighthouseCore:
         first replica to reconnect commit a step alone while the others still
         run the old quorum's steps."""
         if self.job_state is not None:
-            self.job_state.record(self.state.committed_step, quorum_members=self._quorum_members())
+            self.job_state.record(
+                self.state.committed_step,
+                quorum_members=self._quorum_members(),
+                run_ended=self.state.run_ended,
+            )
             self.job_state.flush()
 
     def _send_recall(self, recall: LeaseRecall | None) -> None:
@@ -230,11 +246,47 @@ class LighthouseCore:
             if self.state.forget(replica_id):
                 log.info("replica %s left (clean shutdown)", replica_id)
                 self.history.left(replica_id, _unix_ms())
+                self._end_run_if_over()
                 self.evaluate()
             return
         self.lease.asked(replica_id)  # dead: its peers hear it from the failure notice
         if self.state.forget(replica_id):
             self._declared_dead([replica_id], "liveness stream closed")
+
+    def _end_run_if_over(self) -> None:
+        """After a clean leave: if no replica is left and no member of the latest
+        quorum died since it was issued, the run is over. Its committed step stays
+        (a restart below it from a checkpoint is still refused), a new run from
+        step 0 is admitted (rule 6), and the file says so at once, so a lighthouse
+        restarted before the next run knows it too."""
+        if (
+            self.streams
+            or self.state.seen
+            or self.state.prev is None
+            or self._died_since_issue
+            or self.state.run_ended
+        ):
+            return
+        self.state.end_run()
+        step = self.state.committed_step
+        log.info(
+            "run ended cleanly at committed step %d: every replica left with a clean "
+            "shutdown; a new run from step 0 will be admitted, a restart below step %d "
+            "from a checkpoint will still be refused",
+            step,
+            step,
+        )
+        self.history.run_ended(step, _unix_ms())
+        self.flush_job_state()
+
+    def _refuse_pending(self, reason: str) -> None:
+        """Fail every pending request with ``reason`` now: the decision is final, so
+        holding the askers to their deadlines would only delay the same answer."""
+        for rid, fut in list(self.waiters.items()):
+            del self.waiters[rid]
+            self.state.withdraw(rid)
+            if not fut.done():
+                fut.set_exception(RefusedError(reason))
 
     def _declared_dead(self, dead: list[str], reason: str) -> None:
         """Fail their pending requests, notify the survivors, re-decide."""
@@ -254,6 +306,7 @@ class LighthouseCore:
             members = set(prev.replica_ids)
             in_prev = tuple(r for r in dead if r in members)
             if in_prev:
+                self._died_since_issue = True
                 notice = FailureNotice(self.epoch, prev.quorum_id, in_prev, reason, now_ms)
                 payload = wire.encode_liveness_event(self.epoch, notice)
                 told = 0
@@ -345,10 +398,18 @@ class LighthouseCore:
             log.log(logging.WARNING if d.kind == "below_committed" else level, "%s", d.reason)
         self.decision = d
         if d.members is None:
+            if d.final:
+                self._refuse_pending(d.reason)
             self._persist(now)
             return
         top = max(m.step for m in d.members)
-        if top < self.state.committed_step:
+        if self.state.run_ended:
+            log.info(
+                "new run from step %d: the previous run ended cleanly at committed step %d",
+                top,
+                self.state.committed_step,
+            )
+        elif top < self.state.committed_step:
             log.warning(
                 "job reset from committed step %d to step %d: allowed by allow_step_reset",
                 self.state.committed_step,
@@ -359,6 +420,7 @@ class LighthouseCore:
         previous = self.state.prev
         created_ms = _unix_ms()
         quorum = self.state.issue(d.members, now, created_ms)
+        self._died_since_issue = False
         if quorum.quorum_id != old_id:
             self.history.quorum_issued(quorum, previous, d.reason, now, created_ms)
         self.quorums_issued += 1
@@ -437,6 +499,7 @@ class LighthouseCore:
             "quorum_id": state.quorum_id,
             "quorums_issued": self.quorums_issued,
             "committed_step": state.committed_step,
+            "run_ended": state.run_ended,
             "job_state_file": None if self.job_state is None else str(self.job_state.path),
             "job_state_error": None if self.job_state is None else self.job_state.error,
             "quorum": None

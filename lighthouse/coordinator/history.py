@@ -264,6 +264,7 @@ class EventKind(str, Enum):
     HEAL = "heal"  # members entered a quorum behind its highest step (or one reported a heal)
     CAUGHT_UP = "caught_up"  # a healing member reported the quorum's step
     QUARANTINE = "quarantine"  # a replica left out of quorums for a while
+    RUN_ENDED = "run_ended"  # every member of the last quorum left cleanly: the run is over
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -560,6 +561,18 @@ class JobHistory:
                 unix_ms=unix_ms,
                 text=f"{replica_id} left (clean shutdown)",
                 replica_ids=(replica_id,),
+            )
+        )
+
+    def run_ended(self, step: int, unix_ms: int) -> None:
+        """The run ended cleanly at committed step ``step``."""
+        self.timeline.add(
+            TimelineEvent(
+                kind=EventKind.RUN_ENDED,
+                unix_ms=unix_ms,
+                text=f"run ended cleanly at committed step {step}: a new run from step 0 is "
+                "admitted, a restart below it from a checkpoint is still refused",
+                step=step,
             )
         )
 

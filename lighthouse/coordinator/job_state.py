@@ -7,8 +7,9 @@ facts, and a file that holds anything else is refused at start (``load``). In
 memory alone it would be lost with the lighthouse; a lighthouse restarted
 while every up-to-date replica is also gone would then let a fresh replica
 restart the job from step 0. ``JobStateFile`` records it in a small JSON file
-(``{"committed_step": N, "quorum_members": M, "epoch": ...,
-"updated_unix_ms": ...}``; ``quorum_members``, how many members last reached a step together,
+(``{"committed_step": N, "quorum_members": M, "run_ended": false, "epoch": ...,
+"updated_unix_ms": ...}``; ``run_ended``: the run that committed step N ended
+cleanly, so a new run from step 0 is admitted; ``quorum_members``, how many members last reached a step together,
 lets a restarted lighthouse wait for that many replicas before it trusts a
 small quorum, see rule 3 in ``quorum.py``), replaced
 atomically (write a temporary file, then rename) so a crash mid-write leaves
@@ -61,9 +62,11 @@ class JobStateFile:
     ):
         self.path = Path(path)
         self.min_interval_s = min_interval_s
-        self._saved: tuple[int, int] | None = None  # (committed step, quorum members)
-        self._wanted: tuple[int, int] | None = None
+        # (committed step, quorum members, run ended)
+        self._saved: tuple[int, int, bool] | None = None
+        self._wanted: tuple[int, int, bool] | None = None
         self.quorum_members = 0  # as loaded
+        self.run_ended = False  # as loaded
         self._last_write = float("-inf")
         self.epoch = ""
         # the failing episode, if writes fail now: the first error, when, and how many
@@ -83,7 +86,7 @@ class JobStateFile:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._saved = (0, 0)
+            self._saved = (0, 0, False)
             return 0
         try:
             record = json.loads(text)
@@ -103,8 +106,12 @@ class JobStateFile:
             raise self._refused(
                 f"epoch must be a string of at most 64 characters, got {epoch!r:.80}"
             )
+        ended = record.get("run_ended", False)
+        if not isinstance(ended, bool):
+            raise self._refused(f"run_ended must be true or false, got {ended!r:.80}")
         self.quorum_members = members
-        self._saved = (step, members)
+        self.run_ended = ended
+        self._saved = (step, members, ended)
         return step
 
     def _refused(self, why: str) -> ValueError:
@@ -115,11 +122,16 @@ class JobStateFile:
         )
 
     def record(
-        self, committed_step: int, now: float | None = None, quorum_members: int = 0
+        self,
+        committed_step: int,
+        now: float | None = None,
+        quorum_members: int = 0,
+        run_ended: bool = False,
     ) -> bool:
-        """Note the current committed step and quorum size; write them if the
-        throttle allows. True if written now. ``now``: monotonic seconds (tests pass it)."""
-        self._wanted = (committed_step, quorum_members)
+        """Note the current committed step, quorum size and whether the run ended;
+        write them if the throttle allows. True if written now. ``now``: monotonic
+        seconds (tests pass it)."""
+        self._wanted = (committed_step, quorum_members, run_ended)
         return self.flush(now, force=False)
 
     def flush(self, now: float | None = None, force: bool = True) -> bool:
@@ -179,11 +191,12 @@ class JobStateFile:
         error, since_ms, failures = self._failure
         return {"error": error, "since_unix_ms": since_ms, "failed_writes": failures}
 
-    def _write(self, wanted: tuple[int, int]) -> None:
-        step, members = wanted
+    def _write(self, wanted: tuple[int, int, bool]) -> None:
+        step, members, ended = wanted
         record = {
             "committed_step": step,
             "quorum_members": members,
+            "run_ended": ended,
             "epoch": self.epoch,
             "updated_unix_ms": int(time.time() * 1000),
         }

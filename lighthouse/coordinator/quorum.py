@@ -28,6 +28,14 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    step ask at that step and pass. The committed step is what the members of
    the latest quorum reach together after it (``lighthouse.coordinator.committed``),
    never a step one request claims: a claim would let one request stop the job.
+   Once a run has ended cleanly (every member of its last quorum left with a
+   clean shutdown and no replica is left), a quorum of replicas all at step 0
+   is a new run and is issued; one below the committed step but above 0 is a
+   restart from an older checkpoint and is still refused. The refusal is
+   final (``Decision.final``: the server fails the askers at once instead of
+   holding them to their deadline) when no wait can lift it: the lighthouse
+   has heard from replicas for ``heartbeat_timeout_s``, so every live one has
+   had time to show itself, and every live replica is asking below the step.
 
 7. Quarantine: when every member of the previous quorum asks again having
    failed ``quarantine_after_failures`` steps in a row, and some of them have
@@ -137,12 +145,15 @@ class Decision:
     ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``, ``below_committed``,
     ``quarantine``); ``reason`` says why in words. ``quarantine``: replica ids the
     caller must quarantine (``QuorumState.quarantine``) before deciding again.
+    ``final``: a refusal that no wait can lift (rule 6); the caller fails the
+    pending requests with ``reason`` now rather than at their deadlines.
     """
 
     members: tuple[QuorumMember, ...] | None
     reason: str
     kind: str
     quarantine: tuple[str, ...] = ()
+    final: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,16 +175,23 @@ class _Pending:
 class QuorumState:
     """Everything the rules look at. Mutated only through its methods."""
 
-    def __init__(self, epoch: str, committed_step: int = 0, recalled_members: int = 0) -> None:
+    def __init__(
+        self,
+        epoch: str,
+        committed_step: int = 0,
+        recalled_members: int = 0,
+        run_ended: bool = False,
+    ) -> None:
         """``epoch``: the lighthouse's random start-up id, stamped on every quorum.
         ``committed_step``: the job's committed step as recorded before a restart;
-        ``recalled_members``: the size of the last quorum recorded before it (rule 3)."""
+        ``recalled_members``: the size of the last quorum recorded before it (rule 3);
+        ``run_ended``: the run that committed it ended cleanly (rule 6)."""
         self.epoch = epoch
-        self.recalled_members = recalled_members
+        self.recalled_members = 0 if run_ended else recalled_members
         self.started: float | None = None  # the first time seen (seconds), for rule 3
         # The job's committed step (rule 6): what the latest quorum's members reached
         # together; it only grows, except when the operator allows a reset.
-        self.commits = CommittedStep(committed_step)
+        self.commits = CommittedStep(committed_step, ended=run_ended)
         # replica id -> last seen (s), oldest first
         self.seen: OrderedDict[str, float] = OrderedDict()
         self.pending: dict[str, _Pending] = {}  # insertion order == join order
@@ -200,6 +218,18 @@ class QuorumState:
     def committed_step(self) -> int:
         """The job's committed step (rule 6; ``lighthouse.coordinator.committed``)."""
         return self.commits.step
+
+    @property
+    def run_ended(self) -> bool:
+        """The run that committed ``committed_step`` ended cleanly (rule 6)."""
+        return self.commits.ended
+
+    def end_run(self) -> None:
+        """Every member of the last quorum left cleanly and no replica is left: a
+        quorum of replicas at step 0 is a new run (rule 6), and it need not wait
+        for the old run's size (rule 3)."""
+        self.commits.end()
+        self.recalled_members = 0
 
     # -- signs of life ---------------------------------------------------------------
     def heartbeat(self, replica_id: str, now: float) -> None:
@@ -394,8 +424,8 @@ class QuorumState:
         self.prev = quorum
         self._prev_steps = {m.replica_id: m.step for m in members}
         self._prev_top = max(self._prev_steps.values(), default=0)
-        if self._prev_top < self.commits.step:  # only an allowed reset issues below it
-            self.commits.reset(self._prev_top)
+        if self._prev_top < self.commits.step or self.commits.ended:
+            self.commits.reset(self._prev_top)  # an allowed reset, or a new run
         self.commits.issued(ids)
         self._prev_ids = ids
         self._prev_set = frozenset(ids)
@@ -576,26 +606,47 @@ def _refusal(
     members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig, now: float
 ) -> Decision | None:
     """Rule 5, then rule 6: why ``members`` must not be issued, or None."""
-    return _unless_behind(members, state, now) or _unless_committed(members, state, config)
+    return _unless_behind(members, state, now) or _unless_committed(members, state, config, now)
 
 
 def _unless_committed(
-    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig
+    members: tuple[QuorumMember, ...], state: QuorumState, config: QuorumConfig, now: float
 ) -> Decision | None:
     """A "below_committed" refusal if the members' highest step is below the job's
-    committed step and no reset is allowed (rule 6). O(members)."""
+    committed step and no reset is allowed (rule 6). O(live replicas)."""
     top = max((m.step for m in members), default=0)
     if top >= state.committed_step or config.allow_step_reset:
         return None
+    if top == 0 and state.run_ended:
+        return None  # a new run after one that ended cleanly
     return Decision(
         None,
         f"refused: the job has committed step {state.committed_step} but the askers' highest "
         f"step is {top} and no live replica holds step {state.committed_step}; issuing would "
         f"restart the job from older state. Bring back a replica at step >= "
         f"{state.committed_step}, load a checkpoint at that step in the replicas, or restart "
-        "the lighthouse with --allow-step-reset",
+        "the lighthouse with --allow-step-reset"
+        + (
+            f" (the run that committed step {state.committed_step} ended cleanly: a new run "
+            "from step 0 would be admitted)"
+            if state.run_ended
+            else ""
+        ),
         "below_committed",
+        final=_no_wait_lifts(state, config, now),
     )
+
+
+def _no_wait_lifts(state: QuorumState, config: QuorumConfig, now: float) -> bool:
+    """Rule 6's refusal is final: the lighthouse has heard from replicas for
+    ``heartbeat_timeout_s`` (after a restart, live replicas reconnect within it)
+    and every live replica is asking, all below the committed step, so nobody
+    who could bring that step is on the way. O(live replicas)."""
+    if state.started is None or now - state.started < config.heartbeat_timeout_s:
+        return False
+    if any(rid not in state.pending for rid in state.seen):
+        return False  # a live replica that is not asking may be at the step (e.g. loading it)
+    return all(p.member.step < state.committed_step for p in state.pending.values())
 
 
 def _unless_behind(

@@ -38,7 +38,7 @@ from lighthouse.coordinator.admission import (
     Admission,
     Refusal,
 )
-from lighthouse.coordinator.core import LighthouseCore, SupersededError
+from lighthouse.coordinator.core import LighthouseCore, RefusedError, SupersededError
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -448,8 +448,9 @@ class LighthouseServer:
 
         A cancelled wait (deadline, client gone) withdraws the request. Shortly
         before the caller's deadline the call ends with DEADLINE_EXCEEDED and the
-        rules' current reason, so the caller learns why no quorum formed (e.g. a
-        refused step reset) instead of a bare timeout.
+        rules' current reason, so the caller learns why no quorum formed instead of
+        a bare timeout. A refusal no wait can lift (a step reset with nobody left
+        at the committed step) ends the call at once with FAILED_PRECONDITION.
         """
         try:
             member, timeout_ms = wire.decode_lighthouse_quorum_request_timeout(request)
@@ -480,6 +481,8 @@ class LighthouseServer:
             return await asyncio.wait_for(asyncio.shield(fut), wait_s)
         except SupersededError as exc:
             await context.abort(grpc.StatusCode.ABORTED, f"{rpc}: {exc}")
+        except RefusedError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{rpc}: {exc}")
         except asyncio.TimeoutError:
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 return fut.result()  # issued just as the wait ended: it is ours

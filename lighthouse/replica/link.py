@@ -427,6 +427,8 @@ class LighthouseLink:
                 delay = retry_delay(now - first_unavailable, delay)
                 await self._until_reopened(min(delay, max(0.0, deadline - loop.time())))
                 continue
+            if code == grpc.StatusCode.FAILED_PRECONDITION:  # final: asking again won't help
+                raise QuorumRejectedError(f"lighthouse at {self._lh_addr} refused: {details}")
             if retries < self._retries:
                 retries += 1
             elif code == grpc.StatusCode.INVALID_ARGUMENT:

@@ -198,7 +198,7 @@ function renderCards(s, healthRows) {
   const cards = [
     ["members", q === null ? "—" : fmt.int(q.members.length)],
     ["live replicas", fmt.int(s.live_count)],
-    ["committed step", fmt.int(s.committed_step)],
+    ["committed step", fmt.int(s.committed_step) + (s.run_ended ? " (run ended)" : "")],
     ["median step rate", fmt.rate(median)],
     ["median step time", r === null ? "—" : fmt.ms(r.median_step_time_ms)],
     ["slowest / median", r === null || r.slowest_over_median === null ? "—" : sig(r.slowest_over_median) + "×"],

@@ -44,7 +44,16 @@ def test_the_last_quorum_size_is_kept_and_older_records_read_as_zero(tmp_path: P
     assert (again.load(), again.quorum_members) == (7, 2)
     f.path.write_text(json.dumps({"committed_step": 4, "epoch": "e"}))
     old = JobStateFile(f.path)
-    assert (old.load(), old.quorum_members) == (4, 0)
+    assert (old.load(), old.quorum_members, old.run_ended) == (4, 0, False)
+
+
+def test_a_run_that_ended_is_recorded_and_read_back(tmp_path: Path) -> None:
+    f = JobStateFile(tmp_path / "s.json", min_interval_s=0.0)
+    f.load()
+    assert f.record(9, now=0.0, quorum_members=2)
+    assert f.record(9, now=1.0, quorum_members=0, run_ended=True)  # the end alone is news
+    again = JobStateFile(f.path)
+    assert (again.load(), again.quorum_members, again.run_ended) == (9, 0, True)
 
 
 def test_a_failed_write_raises_nothing_is_reported_once_and_retried(
@@ -96,6 +105,7 @@ def test_a_failed_write_raises_nothing_is_reported_once_and_retried(
         ),
         ('{"committed_step": 5, "quorum_members": "3"}', "quorum_members must be an int"),
         ('{"committed_step": 5, "epoch": 12}', "epoch must be a string"),
+        ('{"committed_step": 5, "run_ended": "yes"}', "run_ended must be true or false"),
     ],
 )
 def test_a_corrupt_or_absurd_file_is_refused_with_what_is_wrong(

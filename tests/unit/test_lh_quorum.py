@@ -262,6 +262,52 @@ def test_committed_step_survives_in_the_state_and_passes_a_replica_at_that_step(
     assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh", "loaded"])
 
 
+def test_a_step_reset_refusal_is_final_once_every_live_replica_asks_below_the_step() -> None:
+    """Final: the lighthouse has heard from replicas for heartbeat_timeout_s and every
+    live replica is asking below the committed step, so the server answers the
+    askers now instead of at their deadlines. Not final while a live replica that
+    is not asking could still bring the step (e.g. one loading a checkpoint)."""
+    clock = FakeClock()
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    state = QuorumState("e", committed_step=40)
+    ask(state, clock, "a", step=0)
+    ask(state, clock, "b", step=3)
+    d = decide_quorum(clock.now(), state, cfg)
+    assert (d.kind, d.final) == ("below_committed", False)  # live ones may still show up
+    clock.advance(5)
+    state.heartbeat("loading", clock.now())  # live, not asking: may hold step 40
+    assert not decide_quorum(clock.now(), state, cfg).final
+    state.forget("loading")
+    d = decide_quorum(clock.now(), state, cfg)
+    assert (d.kind, d.final) == ("below_committed", True)
+    assert "committed step 40" in d.reason
+    allow = QuorumConfig(
+        min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0, allow_step_reset=True
+    )
+    assert decide_quorum(clock.now(), state, allow).members is not None
+
+
+def test_after_a_run_ended_step_0_is_a_new_run_and_an_older_checkpoint_is_refused() -> None:
+    clock = FakeClock()
+    cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
+    state = QuorumState("e", committed_step=500, recalled_members=4, run_ended=True)
+    assert state.recalled_members == 0  # rule 3 does not wait for the old run's size
+    ask(state, clock, "old", step=200)  # a restart from an older checkpoint
+    d = decide_quorum(clock.now(), state, cfg)
+    assert d.kind == "below_committed" and "ended cleanly" in d.reason, d.reason
+    state.forget("old")
+    ask(state, clock, "fresh", step=0)
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh"])
+    assert (state.committed_step, state.run_ended) == (0, False)  # the new run's history
+    state.report_progress("fresh", 3, 1.0)
+    assert state.committed_step == 3
+    state.forget("fresh")
+    ask(state, clock, "again", step=0)  # not ended (nobody called end_run): refused
+    assert decide_quorum(clock.now(), state, cfg).kind == "below_committed"
+    state.end_run()
+    assert decide_and_issue(state, clock, cfg) == ("ready", ["again"])
+
+
 def test_committed_step_grows_with_what_the_quorum_reports_after_it() -> None:
     clock, state = FakeClock(), QuorumState("e")
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
