@@ -72,6 +72,18 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         ),
     },
 }
+# Races inside the test itself: a failure is tolerated, a pass is not required.
+RACY: dict[str, dict[str, str]] = {
+    "0.1.1": {},
+    "0.2.0": {
+        "manager_integ_test.py::ManagerIntegTest::test_ddp_skip_init_sync": (
+            "its two replicas are threads sharing torch's one CPU generator: one thread's "
+            "first torch.rand can run between the other's manual_seed and its model init, "
+            "and with init_sync=False nothing makes the weights equal again (2 of 30 runs "
+            "here, each with different initial weights)"
+        )
+    },
+}
 # Known to fail only by running into their own timeout: not run, to save the wait.
 NOT_RUN = {"0.1.1": ["process_group_test.py::ProcessGroupTest::test_baby_gloo"]}
 SKIP_REASONS = ("CUDA", "GPU", "NCCL", "torchcomms")
@@ -135,7 +147,7 @@ def test_torchfts_own_tests_pass_but_for_the_listed_differences(
     expected = DIFFERENCES[version]
     failed = {node for node, (kind, _) in results.items() if kind == "failed"}
     skipped = {node: message for node, (kind, message) in results.items() if kind == "skipped"}
-    assert failed - expected.keys() == set(), run.stdout[-6000:]
+    assert failed - expected.keys() - RACY[version].keys() == set(), run.stdout[-6000:]
     ran = set(results)
     assert (expected.keys() - set(NOT_RUN.get(version, []))) - failed == set(), (
         "a listed difference passes now: take it off DIFFERENCES and docs/torchft.md"
