@@ -284,3 +284,13 @@ class LeaseFloor:
     epoch: str
     lease_id: int
     step: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuorumWait:
+    """Why the lighthouse has not issued the quorum a replica waits for: ``kind`` is
+    the rule's tag (``min_replicas``, ``join_timeout``, ``split_brain``, ``behind``,
+    ``below_committed``, ...), ``reason`` says it in words."""
+
+    kind: str
+    reason: str

@@ -26,6 +26,7 @@ from lighthouse.types import (
     Quorum,
     QuorumMember,
     QuorumResult,
+    QuorumWait,
 )
 
 
@@ -237,7 +238,7 @@ def _notice_from_pb(p: pb.FailureNotice) -> FailureNotice:
     )
 
 
-LivenessEventBody = FailureNotice | LeaseRecall | LeaseFloor
+LivenessEventBody = FailureNotice | LeaseRecall | LeaseFloor | QuorumWait
 
 
 def encode_liveness_event(
@@ -245,10 +246,14 @@ def encode_liveness_event(
     notice: FailureNotice | None = None,
     recall: LeaseRecall | None = None,
     floor: LeaseFloor | None = None,
+    waiting: QuorumWait | None = None,
 ) -> bytes:
-    """An acknowledgement (none given), a failure notice, a lease recall or a lease
-    floor on the liveness stream."""
+    """An acknowledgement (none given), a failure notice, a lease recall, a lease
+    floor or why a quorum request waits, on the liveness stream."""
     ev = pb.LivenessEvent(epoch=epoch)
+    if waiting is not None:
+        ev.waiting.kind = waiting.kind
+        ev.waiting.reason = waiting.reason
     if notice is not None:
         _notice_to_pb(notice, ev.failure)
     if recall is not None:
@@ -278,8 +283,8 @@ def decode_liveness_ack(data: bytes) -> tuple[str, int]:
 
 
 def decode_liveness_event(data: bytes) -> tuple[str, LivenessEventBody | None]:
-    """(epoch, the failure notice, lease recall or lease floor it carries, or None for
-    an acknowledgement)."""
+    """(epoch, the failure notice, lease recall, lease floor or quorum wait it
+    carries, or None for an acknowledgement)."""
     ev = _parse(pb.LivenessEvent, data)
     assert isinstance(ev, pb.LivenessEvent)
     if ev.HasField("failure"):
@@ -296,6 +301,8 @@ def decode_liveness_event(data: bytes) -> tuple[str, LivenessEventBody | None]:
         )
     if ev.HasField("floor"):
         return ev.epoch, LeaseFloor(ev.epoch, ev.floor.lease_id, ev.floor.step)
+    if ev.HasField("waiting"):
+        return ev.epoch, QuorumWait(kind=ev.waiting.kind, reason=ev.waiting.reason)
     return ev.epoch, None
 
 

@@ -225,6 +225,7 @@ class Manager:
             clock=clock,
             report_error=self.report_error,
             tag=self._tag,
+            lighthouse_wait=self._connection.lighthouse_wait,
         )
         self._gradients = GradientSync(pg, self._notices, timeout, self)
         self._vote = CommitVote(

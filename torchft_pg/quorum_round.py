@@ -107,6 +107,7 @@ class QuorumRound:
         clock: Callable[[], float],
         report_error: Callable[[Exception], None],
         tag: Callable[[], str],
+        lighthouse_wait: Callable[[], str | None],
     ) -> None:
         self._pg = pg
         self._pg_lock = pg_lock
@@ -122,6 +123,7 @@ class QuorumRound:
         self._clock = clock
         self._report_error = report_error
         self._tag = tag
+        self._lighthouse_wait = lighthouse_wait
         self.epoch = ""
         self.quorum_id = -1
         self.participants: frozenset[str] = frozenset()
@@ -157,9 +159,15 @@ class QuorumRound:
         report = WaitReport(time.monotonic)
         period = WAIT_WARNING_S
         while not wait_futures([future], timeout=period).done:
+            said = self._lighthouse_wait()
             line = report.waiting(
-                f"a quorum for step {self._counters.step}: the lighthouse's log and its "
-                "/status page say whom it waits for (replicas to join, the join timeout)"
+                f"a quorum for step {self._counters.step}: "
+                + (
+                    f"the lighthouse says: {said}"
+                    if said is not None
+                    else "group rank 0's log, the lighthouse's log and its /status page "
+                    "say whom it waits for (replicas to join, the join timeout)"
+                )
             )
             if line is not None:
                 logger.warning(

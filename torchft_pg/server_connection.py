@@ -102,6 +102,14 @@ class ServerConnection:
     def _on_watch_error(self, e: Exception) -> None:
         logger.warning("%s failure-notice stream broke: %s", self._tag(), e)
 
+    def lighthouse_wait(self) -> str | None:
+        """Why the lighthouse holds this group's quorum request, as it last told the
+        group's server (only group rank 0 hosts it; None elsewhere, or if it said
+        nothing since the request went out)."""
+        server = self._server
+        wait = server.lighthouse_wait() if server is not None else None
+        return None if wait is None else wait.reason
+
     def client(self) -> ManagerClientProtocol:
         """Raise the start-up connection's error, or return the client once it is done."""
         if self._connected is not None:

@@ -136,19 +136,29 @@ class LeaseFloor(_message.Message):
     step: int
     def __init__(self, lease_id: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
+class QuorumWait(_message.Message):
+    __slots__ = ("kind", "reason")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    reason: str
+    def __init__(self, kind: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class LivenessEvent(_message.Message):
-    __slots__ = ("epoch", "failure", "recall", "floor", "heartbeat_timeout_ms")
+    __slots__ = ("epoch", "failure", "recall", "floor", "heartbeat_timeout_ms", "waiting")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     RECALL_FIELD_NUMBER: _ClassVar[int]
     FLOOR_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     epoch: str
     failure: FailureNotice
     recall: LeaseRecall
     floor: LeaseFloor
     heartbeat_timeout_ms: int
-    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
+    waiting: QuorumWait
+    def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ..., heartbeat_timeout_ms: _Optional[int] = ..., waiting: _Optional[_Union[QuorumWait, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
     __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal")

@@ -23,7 +23,14 @@ from lighthouse.coordinator.history import HistoryMetrics, JobHistory
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
 from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
-from lighthouse.types import FailureNotice, HealReport, LeaseFloor, LeaseRecall, QuorumMember
+from lighthouse.types import (
+    FailureNotice,
+    HealReport,
+    LeaseFloor,
+    LeaseRecall,
+    QuorumMember,
+    QuorumWait,
+)
 
 log = logging.getLogger("lighthouse")
 
@@ -79,6 +86,8 @@ class LighthouseCore:
         # run cannot end cleanly until a quorum without it is issued
         self._died_since_issue = False
         self.waiters: dict[str, asyncio.Future[bytes]] = {}
+        # what each waiting asker was last told of its wait, and when (clock seconds)
+        self._told_wait: dict[str, tuple[QuorumWait, float]] = {}
         self.streams: dict[str, set[asyncio.Queue[bytes]]] = {}
         # announced a clean shutdown on their liveness stream -> step committed through
         # replica id -> (the stream that announced a clean leave, committed-through step)
@@ -237,6 +246,7 @@ class LighthouseCore:
         if queues:
             return
         del self.streams[replica_id]
+        self._told_wait.pop(replica_id, None)
         if left_cleanly:
             assert leaving is not None
             committed_through = leaving[1]
@@ -291,6 +301,7 @@ class LighthouseCore:
     def _declared_dead(self, dead: list[str], reason: str) -> None:
         """Fail their pending requests, notify the survivors, re-decide."""
         for rid in dead:
+            self._told_wait.pop(rid, None)
             self.lease.asked(rid)
             fut = self.waiters.pop(rid, None)
             if fut is not None and not fut.done():
@@ -339,6 +350,7 @@ class LighthouseCore:
         now = self.clock.now()
         self._persist(now)
         self._send_recall(self.lease.recall_for_stall(self.epoch, now, self.config.join_timeout_s))
+        self._tell_waiting(now)
         if (
             self.decision.members is None
             and self.state.pending
@@ -346,6 +358,33 @@ class LighthouseCore:
         ):
             self._last_wait_log = now
             log.info("still waiting: %s", self.decision.reason)
+
+    def _tell_waiting(self, now: float) -> None:
+        """Tell each waiting asker why its quorum waits, on its liveness stream, when
+        that changed: a new rule at once, new words of the same rule at most every
+        ``WAIT_TELL_PERIOD_S`` seconds. O(pending) per tick."""
+        d = self.decision
+        for rid in self.state.pending:
+            queues = self.streams.get(rid)
+            if not queues:
+                continue
+            held = self.quarantine_reason(rid)
+            if held is not None:
+                wait = QuorumWait(kind="quarantine", reason=held)
+            elif d.members is None and d.kind != "idle":
+                wait = QuorumWait(kind=d.kind, reason=d.reason)
+            else:
+                continue
+            told = self._told_wait.get(rid)
+            if told is not None and (
+                told[0] == wait
+                or (told[0].kind == wait.kind and now - told[1] < WAIT_TELL_PERIOD_S)
+            ):
+                continue
+            self._told_wait[rid] = (wait, now)
+            payload = wire.encode_liveness_event(self.epoch, waiting=wait)
+            for q in queues:
+                q.put_nowait(payload)
 
     def _log_step_times(self, quorum: Any, now: float) -> None:
         """The per-step report in the log: a warning (at most every 10 s) when the slowest
@@ -420,6 +459,8 @@ class LighthouseCore:
         previous = self.state.prev
         created_ms = _unix_ms()
         quorum = self.state.issue(d.members, now, created_ms)
+        for m in d.members:
+            self._told_wait.pop(m.replica_id, None)
         self._died_since_issue = False
         if quorum.quorum_id != old_id:
             self.history.quorum_issued(quorum, previous, d.reason, now, created_ms)
@@ -539,6 +580,7 @@ class LighthouseCore:
 
 
 IMBALANCE_WARN_RATIO = 1.5  # slowest step time over the median that is worth a warning
+WAIT_TELL_PERIOD_S = 2.0  # a waiting asker hears new words of the same rule at most this often
 
 
 def step_time_report(step_times: list[tuple[float, str]]) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ class Health(str, Enum):
 
     OK = "ok"  # in the current quorum and keeping up
     BEHIND = "behind"  # a member more than two steps below the job's lead (see ``lag``)
+    FAILING = "failing"  # a member whose latest steps did not commit (``commit_failures``)
     WAITING = "waiting"  # asked for a quorum it is not in yet
     OUTSIDE = "outside"  # alive, neither in the quorum nor asking
     SILENT = "silent"  # no sign of life for half the heartbeat timeout
@@ -50,6 +51,9 @@ class ReplicaHealth:
     (a step one unproven replica claims never makes the others look behind). ``steps_per_s``: over about
     the last ``history.RECENT_RATE_SPAN_S`` seconds. ``step_time_ms``: the latest
     reported, else derived from the step history (``step_time_derived``).
+    ``commit_failures``: the steps in a row the replica's latest request says did
+    not commit (e.g. fewer groups than its ``min_replica_size``; its own log says
+    why); a member with any is ``failing``.
     """
 
     replica_id: str
@@ -65,6 +69,7 @@ class ReplicaHealth:
     step_time_ms: float | None
     step_time_derived: bool
     liveness_streams: int
+    commit_failures: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +86,7 @@ class ReplicaHealth:
             "step_time_ms": self.step_time_ms,
             "step_time_derived": self.step_time_derived,
             "liveness_streams": self.liveness_streams,
+            "commit_failures": self.commit_failures,
         }
 
 
@@ -130,6 +136,7 @@ def replica_health(
         quarantined_s = round(q.until - now, 3) if q is not None and q.until > now else None
         lag = None if step is None or not alive else max(0, lead - step)
         silent_s = None if last_seen is None else now - last_seen
+        failures = latest.commit_failures if latest is not None and alive else 0
         if not alive:
             status = Health.LEFT if gone(rid) is EventKind.LEFT else Health.DEAD
         elif quarantined_s is not None:
@@ -138,6 +145,8 @@ def replica_health(
             status = Health.SILENT
         elif member is None:  # a joiner waits (and heals once in) whatever its step
             status = Health.WAITING if rid in state.pending else Health.OUTSIDE
+        elif failures > 0:
+            status = Health.FAILING
         elif lag is not None and lag > BEHIND_AFTER_STEPS:
             status = Health.BEHIND
         else:
@@ -157,6 +166,7 @@ def replica_health(
                 step_time_ms=None if step_time is None else round(step_time, 3),
                 step_time_derived=derived,
                 liveness_streams=streams.get(rid, 0),
+                commit_failures=failures,
             )
         )
     return rows

@@ -40,10 +40,7 @@ from lighthouse.errors import (
 from lighthouse.replica.silence import Silences
 from lighthouse.tls import TlsConfig, channel_credentials, channel_options
 from lighthouse.types import (
-    FailureNotice,
     HealReport,
-    LeaseFloor,
-    LeaseRecall,
     Quorum,
     QuorumMember,
 )
@@ -87,7 +84,7 @@ class LighthouseLink:
         heartbeat_s: float,
         connect_s: float,
         retries: int,
-        on_notice: Callable[[FailureNotice | LeaseRecall | LeaseFloor], None],
+        on_notice: Callable[[wire.LivenessEventBody], None],
         on_stream: Callable[[bool], None] | None = None,
         job_secret: str | None = None,
         job_id: str | None = None,

@@ -139,6 +139,11 @@ class QuorumRounds:
             )
         return rank
 
+    @property
+    def launched(self) -> int:
+        """Quorum rounds launched so far (each is one request to the lighthouse)."""
+        return self._launched
+
     def enter_gather(
         self, rank: int, req: ManagerQuorumRequest
     ) -> tuple[Gather, asyncio.Future[Quorum | LeasedRound]]:

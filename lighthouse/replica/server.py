@@ -51,7 +51,7 @@ from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
 from lighthouse.replica.rounds import QuorumRounds, vote_margin_s
 from lighthouse.tls import TlsConfig, resolve_tls
-from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall
+from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, QuorumWait
 
 __all__ = ["FD_RESERVE", "MIN_CONNECTIONS", "ManagerServer", "default_max_connections"]
 
@@ -216,6 +216,8 @@ class ManagerServer:
             link=self._link,
             lease=self._lease,
         )
+        # the lighthouse's latest word on why our request waits, and the round it was for
+        self._lighthouse_wait: tuple[QuorumWait, int] | None = None
         self._stopped = False
         self._loop = background_loop()
         self._conn_guard = ConnectionGuard(self.limits, f"the manager server of {replica_id!r}")
@@ -333,8 +335,20 @@ class ManagerServer:
         return self._lease.wait(held, timeout)
 
     # -- failure notices and lease recalls ---------------------------------------------------
-    def _on_event(self, event: FailureNotice | LeaseRecall | LeaseFloor) -> None:
+    def lighthouse_wait(self) -> QuorumWait | None:
+        """Why the lighthouse holds this group's quorum request, as it last said while
+        the request waits (None: it said nothing since the request went out). Any thread."""
+        told = self._lighthouse_wait
+        if told is None or told[1] != self._rounds.launched:
+            return None
+        return told[0]
+
+    def _on_event(self, event: wire.LivenessEventBody) -> None:
         """An event from the lighthouse's liveness stream (on the loop)."""
+        if isinstance(event, QuorumWait):
+            self._lighthouse_wait = (event, self._rounds.launched)
+            log.debug("%s: the lighthouse holds our quorum: %s", self.replica_id, event.reason)
+            return
         if isinstance(event, LeaseFloor):
             self._lease.on_floor(event)
             return

@@ -185,7 +185,7 @@ function sparkline(values) {
 }
 
 // ---- sections -------------------------------------------------------------------
-const HEALTH_WORDS = {ok: "ok", behind: "behind", waiting: "waiting", outside: "not asking", silent: "silent",
+const HEALTH_WORDS = {ok: "ok", behind: "behind", failing: "not committing", waiting: "waiting", outside: "not asking", silent: "silent",
   quarantined: "quarantined", dead: "dead", left: "left"};
 
 function renderCards(s, healthRows) {
@@ -264,13 +264,15 @@ function renderReplicas(s, rows) {
     const series = byId.get(r.replica_id);
     const title = `${r.replica_id}: ${HEALTH_WORDS[r.status] || r.status}` +
       (r.quarantined_s !== null ? `, quarantined ${fmt.secs(r.quarantined_s)} more` : "") +
+      (r.commit_failures ? `, ${fmt.int(r.commit_failures)} step(s) in a row not committed (its log says why)` : "") +
       (r.step_time_derived ? "; * step time derived from the step rate" : "");
     return el("div", {class: `replica status-${r.status}`, "data-replica-id": r.replica_id, "data-status": r.status, title},
       el("div", {class: "id", text: r.replica_id}),
       el("div", {class: "row"}, el("span", {text: HEALTH_WORDS[r.status] || r.status}),
         el("span", {text: r.step === null ? "step —" : `step ${fmt.int(r.step)}${lag}`})),
       el("div", {class: "row"}, el("span", {text: fmt.rate(r.steps_per_s)}), el("span", {text: time})),
-      el("div", {class: "row"}, el("span", {class: "muted", text: r.alive ? "seen " + fmt.ago(r.last_seen_s_ago) : "gone"})),
+      el("div", {class: "row"}, el("span", {class: "muted", text: r.alive ? "seen " + fmt.ago(r.last_seen_s_ago) : "gone"}),
+        r.commit_failures ? el("span", {class: "failures", text: `${fmt.int(r.commit_failures)} not committed`}) : null),
       series ? sparkline(series.steps_per_s) : null);
   }));
 }

@@ -66,3 +66,5 @@ def test_a_quorum_that_does_not_form_is_reported_while_it_is_awaited(
         lighthouse.shutdown()
     said = [r.getMessage() for r in caplog.records if "waiting for a quorum" in r.getMessage()]
     assert said and "for step 0" in said[0] and "asked" in said[0], said
+    # the lighthouse's own reason, pushed to the waiting group: what it has, what it needs
+    assert "the lighthouse says: not ready: 1 replica(s) asked, need min_replicas=2" in said[0]

@@ -10,7 +10,7 @@ from lighthouse import wire
 from lighthouse.clock import FakeClock
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
 from lighthouse.coordinator.quorum import QuorumConfig
-from lighthouse.types import FailureNotice, QuorumMember
+from lighthouse.types import FailureNotice, QuorumMember, QuorumWait
 
 # without leases: these tests read failure notices off the streams, not recalls
 CFG = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0, lease=False)
@@ -143,5 +143,42 @@ def test_a_leave_announced_on_the_replicas_own_stream_is_not_a_death() -> None:
         core.replica_leaving("c", queues["c"], 10)
         core.stream_closed("c", queues["c"])
         assert list(core.recent_deaths) == [] and queues["a"].empty() and queues["b"].empty()
+
+    run(body())
+
+
+def _waits(q: asyncio.Queue[bytes]) -> list[QuorumWait]:
+    out = []
+    while not q.empty():
+        event = wire.decode_liveness_event(q.get_nowait())[1]
+        assert isinstance(event, QuorumWait), event
+        out.append(event)
+    return out
+
+
+def test_a_waiting_asker_hears_why_on_its_stream_once_per_change() -> None:
+    """The tick tells each waiting asker the rule that holds its quorum back: once,
+    again only when the reason changes, and not once it is in a quorum."""
+
+    async def body() -> None:
+        clock = FakeClock()
+        core = LighthouseCore(CFG, clock, "ep")
+        q: asyncio.Queue[bytes] = asyncio.Queue()
+        core.stream_opened("a", q)
+        fa = core.request(QuorumMember("a", step=0))
+        core.tick()
+        (wait,) = _waits(q)
+        assert wait.kind == "min_replicas"
+        assert "1 replica(s) asked, need min_replicas=2" in wait.reason, wait
+        clock.advance(3)
+        core.tick()
+        assert _waits(q) == []  # nothing new: nothing said
+        fb = core.request(QuorumMember("b", step=0))
+        assert (await fa) == (await fb)
+        core.tick()
+        assert _waits(q) == []  # in a quorum: nothing to wait for
+        core.request(QuorumMember("a", step=1))  # b has not asked yet: a waits again
+        core.tick()
+        assert _waits(q) == [QuorumWait(kind=core.decision.kind, reason=core.decision.reason)]
 
     run(body())

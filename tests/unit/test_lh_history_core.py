@@ -138,14 +138,17 @@ def test_a_restarted_lighthouse_starts_its_timeline_with_the_restored_step(tmp_p
     assert "restored from the state file" in event["text"]
 
 
-def test_health_says_behind_silent_waiting_and_quarantined() -> None:
+def test_health_says_behind_failing_silent_waiting_and_quarantined() -> None:
     state = QuorumState("ep")
-    for rid in ("ok", "slow", "quiet", "held"):
+    for rid in ("ok", "slow", "quiet", "held", "stuck"):
         state.request(QuorumMember(rid, step=10), now=0.0)
     state.issue(tuple(p.member for p in state.pending.values()), now=0.0, created_unix_ms=0)
-    for rid in ("ok", "slow", "quiet", "held"):  # they committed step 10 together: proven
+    for rid in ("ok", "slow", "quiet", "held", "stuck"):  # committed step 10 together: proven
         state.report_progress(rid, 11, 5.0)
     state.request(QuorumMember("new", step=0), now=0.0)
+    # its last two steps did not commit (e.g. fewer groups than its min_replica_size)
+    state.request(QuorumMember("stuck", step=19, commit_failures=2), now=3.0)
+    assert state.committed_step == 11
     state.report_progress("ok", 20, 5.0)
     state.heartbeat("ok", 3.0)
     state.heartbeat("slow", 3.0)
@@ -167,7 +170,9 @@ def test_health_says_behind_silent_waiting_and_quarantined() -> None:
         "quiet": Health.SILENT,  # last seen 3 s ago, with a 5 s heartbeat timeout
         "held": Health.QUARANTINED,
         "new": Health.WAITING,
+        "stuck": Health.FAILING,
     }
+    assert next(r for r in rows if r.replica_id == "stuck").commit_failures == 2
     ok = next(r for r in rows if r.replica_id == "ok")
     assert ok.step == 20 and ok.lag == 0 and ok.liveness_streams == 1
 

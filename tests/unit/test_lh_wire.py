@@ -18,6 +18,7 @@ from lighthouse.types import (
     Quorum,
     QuorumMember,
     QuorumResult,
+    QuorumWait,
 )
 
 MEMBER = QuorumMember(
@@ -63,6 +64,8 @@ def test_small_messages_round_trip() -> None:
     assert wire.decode_failure_notice(wire.encode_failure_notice(n)) == n
     assert wire.decode_liveness_event(wire.encode_liveness_event("e", n)) == ("e", n)
     assert wire.decode_liveness_event(wire.encode_liveness_event("e")) == ("e", None)
+    w = QuorumWait(kind="min_replicas", reason="not ready: 1 of 2")
+    assert wire.decode_liveness_event(wire.encode_liveness_event("e", waiting=w)) == ("e", w)
     assert wire.decode_liveness_ping(wire.encode_liveness_ping("x")) == ("x", False)
     assert wire.decode_liveness_ping(wire.encode_liveness_ping("x", leaving=True)) == ("x", True)
     assert wire.decode_heartbeat_request(wire.encode_heartbeat_request("x")) == "x"
