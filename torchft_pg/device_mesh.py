@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.process_group.wrappers import ManagedProcessGroup, ManagerLike
+from torchft_pg.process_group.failure_wrappers import ManagedProcessGroup, ManagerLike
 
 __all__ = ["extend_device_mesh", "ft_init_device_mesh"]
 

@@ -64,7 +64,7 @@ from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 from torchft_pg.notices import NoticeRouter
 from torchft_pg.participation import WorldSizeMode
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.process_group.wrapper import ProcessGroupWrapper
+from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
 from torchft_pg.quantization import Quantization
 from torchft_pg.quorum_round import QuorumRound, QuorumTimings
 from torchft_pg.server_connection import ServerConnection

@@ -2,7 +2,7 @@
 
 A thread in ``wait()`` reads the child's socket itself when no other thread
 is reading; futures and contended waits are served by the background thread
-(see `torchft_pg.process_group._baby_child`). These tests drive every hand-off
+(see `torchft_pg.process_group.baby.parent`). These tests drive every hand-off
 between the two in one process: members of one group are threads, and each
 member's backend runs in its own child.
 """

@@ -13,7 +13,7 @@ import torch
 
 from tests.multiproc import store_server
 from torchft_pg import ProcessGroupBabyGloo
-from torchft_pg.process_group._baby_zygote import ForkedProcess
+from torchft_pg.process_group.baby.zygote import ForkedProcess
 
 pytestmark = pytest.mark.timeout(240)
 START = timedelta(seconds=120)  # a cold interpreter start on a loaded machine

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from torchft_pg.process_group import _baby_messages as msgs
+from torchft_pg.process_group.baby import messages as msgs
 from torchft_pg.store import StoreAddress
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp
 
-from torchft_pg.process_group import _baby_protocol as proto
+from torchft_pg.process_group.baby import protocol as proto
 
 
 def _payload(buffers: list[Any]) -> memoryview:

@@ -37,8 +37,19 @@ Rules:
    submodules) at run time: neither directly nor through the torchft_pg
    modules they import, followed transitively over edges that are not
    type-only (a process group, e.g. a Baby child process, must not load them).
+   This covers the ``torchft_pg.process_group.baby`` subpackage too.
+6. The Baby group's modules, in ``torchft_pg.process_group.baby``, are named by
+   the side of the process boundary they run on: parent (``group``,
+   ``parent``, ``pending``), child (``child``), shared by both ends
+   (``messages``, ``protocol``) and the zygote (``zygote``: the parent's
+   handle on it and its own loop). A shared module imports only shared
+   modules of the package; the child imports only shared modules and the
+   zygote (whose loop it starts); the zygote imports shared modules and the
+   child (what it forks); a parent module imports anything but the child. No
+   torchft_pg module outside the package imports one of its modules: only the
+   package itself (its ``__init__``, the public face).
 
-Rules 0-4 count type-only edges too: they are about which way the code
+Rules 0-4 and 6 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
@@ -171,6 +182,7 @@ def test_the_layout_has_both_roles_and_the_shared_modules() -> None:
         "lighthouse.replica.local",
         "lighthouse.wire",
         "torchft_pg.process_group.base",
+        *(f"{BABY}.{module}" for module in BABY_SIDES),
     ):
         assert name in MODULES, name
 
@@ -253,3 +265,54 @@ def _process_group_reaches_forbidden() -> list[str]:
 
 def test_process_groups_never_reach_the_lighthouse_grpc_the_manager_or_checkpointing() -> None:
     assert _process_group_reaches_forbidden() == []
+
+
+BABY = "torchft_pg.process_group.baby"
+# The Baby group's modules by the side of the process boundary they run on.
+BABY_SIDES = {
+    "group": "parent",
+    "parent": "parent",
+    "pending": "parent",
+    "child": "child",
+    "messages": "shared",
+    "protocol": "shared",
+    "zygote": "zygote",
+}
+BABY_ALLOWED = {
+    "shared": {"shared"},
+    "child": {"shared", "zygote"},
+    "zygote": {"shared", "child"},
+    "parent": {"parent", "shared", "zygote"},
+}
+
+
+def _side_of(name: str) -> str | None:
+    """The side of a module of the Baby package (None for the package itself)."""
+    if name == BABY:
+        return None
+    return BABY_SIDES.get(name[len(BABY) + 1 :].split(".")[0], "unknown")
+
+
+def test_every_baby_module_says_its_side() -> None:
+    found = {name for name in MODULES if _under(name, BABY) and name != BABY}
+    assert found == {f"{BABY}.{module}" for module in BABY_SIDES}
+
+
+def test_baby_modules_import_only_across_their_side_of_the_process_boundary() -> None:
+    bad = []
+    for e in EDGES:
+        if not (_under(e.importer, BABY) and _under(e.target, BABY)) or e.importer == BABY:
+            continue
+        side, target_side = _side_of(e.importer), _side_of(e.target)
+        if target_side is None or target_side not in BABY_ALLOWED[str(side)] | {side}:
+            bad.append(f"{e} ({side} -> {target_side or 'the package facade'})")
+    assert bad == []
+
+
+def test_only_the_baby_package_itself_is_imported_from_outside_it() -> None:
+    bad = [
+        str(e)
+        for e in EDGES
+        if _under(e.target, BABY) and e.target != BABY and not _under(e.importer, BABY)
+    ]
+    assert bad == []

@@ -1,15 +1,18 @@
 """What importing the package and its process groups loads, in a fresh interpreter.
 
 A Baby group's child process imports ``torchft_pg.process_group`` at start-up
-(``python -m torchft_pg.process_group._baby_worker``); it must not pay for the
+(``python -m torchft_pg.process_group.baby.child``); it must not pay for the
 Manager, grpc or the lighthouse servers. ``import torchft_pg`` alone loads
 nothing: public names are imported on first use.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +87,7 @@ def test_importing_the_package_loads_nothing_else() -> None:
     "statement",
     [
         "import torchft_pg.process_group",
-        "import torchft_pg.process_group._baby_worker",  # what a Baby child runs
+        "import torchft_pg.process_group.baby.child",  # what a Baby child runs
     ],
 )
 def test_process_groups_do_not_load_the_manager(statement: str) -> None:
@@ -94,11 +97,27 @@ def test_process_groups_do_not_load_the_manager(statement: str) -> None:
 
 @pytest.mark.parametrize(
     "statement",
-    ["import torchft_pg.process_group", "import torchft_pg.process_group._baby_worker"],
+    ["import torchft_pg.process_group", "import torchft_pg.process_group.baby.child"],
 )
 def test_process_groups_do_not_load_grpc_or_the_lighthouse(statement: str) -> None:
     loaded = _loaded_after(statement)
     assert _under(loaded, "grpc", "lighthouse") == []
+
+
+def test_every_module_a_process_group_starts_a_process_with_exists() -> None:
+    """A child or zygote is started by module path (``python -m ...``): a path left
+    behind by a move would fail only at run time, in the child. Every dotted
+    ``torchft_pg.`` string in the process-group sources must name a module."""
+    named = {
+        node.value
+        for path in sorted((ROOT / "torchft_pg" / "process_group").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(r"torchft_pg(\.\w+)+", node.value)
+    }
+    assert "torchft_pg.process_group.baby.child" in named  # what a Baby child runs
+    assert [name for name in sorted(named) if importlib.util.find_spec(name) is None] == []
 
 
 @pytest.mark.parametrize(

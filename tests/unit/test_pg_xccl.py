@@ -13,8 +13,9 @@ import torch
 
 import torchft_pg
 from torchft_pg import ProcessGroupBabyXCCL, ProcessGroupError, ProcessGroupXCCL
-from torchft_pg.process_group import baby, xccl
-from torchft_pg.process_group.wrapper import ProcessGroupWrapper
+from torchft_pg.process_group import xccl
+from torchft_pg.process_group.baby import group as baby_group
+from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
 
 # Nothing listens here: reaching the store at all would fail differently (and later).
 UNUSED_ADDR = "127.0.0.1:9/xccl"
@@ -78,7 +79,7 @@ def test_baby_xccl_starts_no_child_and_wait_started_says_why() -> None:
 def test_baby_xccl_where_xccl_exists_says_it_is_not_supported(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(baby, "xccl_missing", lambda: None)
+    monkeypatch.setattr(baby_group, "xccl_missing", lambda: None)
     pg = ProcessGroupBabyXCCL(timeout=timedelta(seconds=30))
     try:
         with pytest.raises(ProcessGroupError, match="use ProcessGroupXCCL") as err:

@@ -15,14 +15,14 @@ from torchft_pg.process_group.baby import (
 )
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.dummy import ProcessGroupDummy
-from torchft_pg.process_group.gloo import ProcessGroupGloo
-from torchft_pg.process_group.nccl import ProcessGroupNCCL
-from torchft_pg.process_group.wrapper import ProcessGroupWrapper
-from torchft_pg.process_group.wrappers import (
+from torchft_pg.process_group.failure_wrappers import (
     ErrorSwallowingProcessGroupWrapper,
     FakeProcessGroupWrapper,
     ManagedProcessGroup,
 )
+from torchft_pg.process_group.gloo import ProcessGroupGloo
+from torchft_pg.process_group.nccl import ProcessGroupNCCL
+from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
 from torchft_pg.process_group.xccl import ProcessGroupXCCL
 from torchft_pg.store import create_store_client
 

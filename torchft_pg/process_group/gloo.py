@@ -16,7 +16,7 @@ from torchft_pg.errors import ProcessGroupAbortedError
 from torchft_pg.process_group import _reaper
 from torchft_pg.process_group._bounded_build import Abandoned, build_within
 from torchft_pg.process_group._staging import stage_on_host, staged_work
-from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.process_group.reconfigurable import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 from torchft_pg.work import AbortableWork, AbortSignal
 

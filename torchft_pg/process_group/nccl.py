@@ -33,7 +33,7 @@ from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.process_group import _flight_recorder
 from torchft_pg.process_group._deadlines import bound_by_deadline
 from torchft_pg.process_group._staging import stage_on_device, staged_work
-from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.process_group.reconfigurable import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 
 __all__ = ["ProcessGroupNCCL", "c10d_backstop", "create_nccl_group"]

@@ -22,7 +22,7 @@ from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
 from torch.distributed import Store
 
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError
-from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.process_group.reconfigurable import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
 
 __all__ = ["ProcessGroupXCCL", "create_xccl_group", "xccl_missing"]

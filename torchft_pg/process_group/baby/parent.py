@@ -38,10 +38,10 @@ from typing import Any
 import torch
 
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError, ProcessGroupTimeoutError
-from torchft_pg.process_group import _baby_messages as msgs
-from torchft_pg.process_group import _baby_protocol as proto
-from torchft_pg.process_group._baby_requests import PendingOp, PendingRequest
-from torchft_pg.process_group._baby_zygote import ForkedProcess, Zygote, child_env
+from torchft_pg.process_group.baby import messages as msgs
+from torchft_pg.process_group.baby import protocol as proto
+from torchft_pg.process_group.baby.pending import PendingOp, PendingRequest
+from torchft_pg.process_group.baby.zygote import ForkedProcess, Zygote, child_env
 from torchft_pg.store import StoreAddress
 
 __all__ = ["ChildProcess"]
@@ -81,7 +81,7 @@ class ChildProcess:
                 [
                     sys.executable,
                     "-m",
-                    "torchft_pg.process_group._baby_worker",
+                    "torchft_pg.process_group.baby.child",
                     str(child_sock.fileno()),
                     backend,
                     device,

@@ -99,7 +99,7 @@ class Shutdown:
 
 class RunOp:
     """Parent → child: run collective `name` on `args` (tensors as specs, see
-    `_baby_protocol`); `forget` lists shared storages the child may unmap."""
+    `protocol`); `forget` lists shared storages the child may unmap."""
 
     TAG: ClassVar[int] = 5
     __slots__ = ("args", "forget", "name", "op_id")
@@ -217,7 +217,7 @@ class Receiver:
     """Reads messages into one reused buffer (a fresh 320 KiB buffer per message
     would cost an mmap and page faults on every op).
 
-    Not thread-safe: one thread at a time reads (see `_baby_child`). The
+    Not thread-safe: one thread at a time reads (see `parent`). The
     payload view of a message is valid until the next `recv`.
     """
 

@@ -1,10 +1,10 @@
-"""Baby process groups: the real backend runs in a child process.
+"""Baby process groups, in the parent: the real backend runs in a child process.
 
 A hung or poisoned communicator cannot wedge the trainer: aborting an op in
 flight means killing the child. Unlike torchft, which starts a fresh
 interpreter on every `configure` (seconds: `import torch` dominates), the child
 lives across reconfigurations (a configure is one message, a few ms), and a
-zygote (`_baby_zygote`: an interpreter that imported torch once) forks a
+zygote (`zygote`: an interpreter that imported torch once) forks a
 replacement for a killed child in milliseconds.
 
 CPU tensors of more than 64 KiB per op are moved to shared memory in place,
@@ -29,11 +29,11 @@ from torchft_pg.errors import (
     ProcessGroupError,
     ProcessGroupTimeoutError,
 )
-from torchft_pg.process_group._baby_child import ChildProcess
-from torchft_pg.process_group._baby_requests import PendingOp
-from torchft_pg.process_group._baby_zygote import Zygote, zygote_supported
 from torchft_pg.process_group._staging import stage_on_device, stage_on_host, staged_work
-from torchft_pg.process_group.wrapper import DEFAULT_TIMEOUT, ProcessGroupWrapper
+from torchft_pg.process_group.baby.parent import ChildProcess
+from torchft_pg.process_group.baby.pending import PendingOp
+from torchft_pg.process_group.baby.zygote import Zygote, zygote_supported
+from torchft_pg.process_group.reconfigurable import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.process_group.xccl import xccl_missing
 from torchft_pg.store import StoreAddress
 
@@ -63,7 +63,7 @@ class _BabyWork(Work):
     """A collective running in the child; `wait` is bounded by the PG timeout.
 
     `wait` reads the child's reply itself when no other thread is reading
-    (see `_baby_child`); `get_future` has the background thread read instead.
+    (see `parent`); `get_future` has the background thread read instead.
     """
 
     def __init__(self, op: PendingOp, child: ChildProcess, timeout_s: float) -> None:

@@ -7,8 +7,8 @@ sent by whichever thread completes it (a SOCK_SEQPACKET send is atomic, so
 no lock). The child exits when the parent's socket closes (the parent died
 or shut it down).
 
-Started as ``python -m torchft_pg.process_group._baby_worker FD BACKEND DEVICE``,
-or forked by a zygote (``... _baby_worker zygote FD``, see `_baby_zygote`);
+Started as ``python -m torchft_pg.process_group.baby.child FD BACKEND DEVICE``,
+or forked by a zygote (``... baby.child zygote FD``, see `zygote`);
 it imports only what a backend needs (torch, the process-group modules).
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 import torch
 
 from torchft_pg.errors import is_timeout
-from torchft_pg.process_group import _baby_messages as msgs
-from torchft_pg.process_group import _baby_protocol as proto
 from torchft_pg.process_group import _reaper
 from torchft_pg.process_group._staging import backend_op
+from torchft_pg.process_group.baby import messages as msgs
+from torchft_pg.process_group.baby import protocol as proto
 from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
 
 _RECV_ANYSOURCE = "recv_anysource"
@@ -185,7 +185,7 @@ def _send_done(
 
 
 def main(sock: socket.socket, backend: str, device_index: int | None) -> None:
-    """Serve the parent on `sock` until it closes (started by `_baby_child.ChildProcess`)."""
+    """Serve the parent on `sock` until it closes (started by `parent.ChildProcess`)."""
     try:
         _Child(sock, backend, device_index).loop()
     finally:
@@ -196,8 +196,8 @@ def main(sock: socket.socket, backend: str, device_index: int | None) -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1] == "zygote":  # forks children instead (see _baby_zygote)
-        from torchft_pg.process_group._baby_zygote import zygote_main
+    if sys.argv[1] == "zygote":  # forks children instead (see zygote)
+        from torchft_pg.process_group.baby.zygote import zygote_main
 
         zygote_main(int(sys.argv[2]))
     fd, backend_name, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -22,7 +22,7 @@ from torch.futures import Future, collect_all
 
 from torchft_pg.errors import NotConfiguredError
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.process_group.wrapper import ProcessGroupWrapper
+from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
 from torchft_pg.work import ErrorSwallowingWork, completed_work
 
 __all__ = [

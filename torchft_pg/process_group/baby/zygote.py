@@ -18,7 +18,7 @@ its status pipe, so the parent learns it as it would from ``waitpid``. The
 zygote exits when the parent's socket closes; its children live on until
 their own sockets close (the parent died or shut them down).
 
-Started as ``python -m torchft_pg.process_group._baby_worker zygote FD`` (`zygote_main`).
+Started as ``python -m torchft_pg.process_group.baby.child zygote FD`` (`zygote_main`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class Zygote:
             [
                 sys.executable,
                 "-m",
-                "torchft_pg.process_group._baby_worker",
+                "torchft_pg.process_group.baby.child",
                 "zygote",
                 str(theirs.fileno()),
             ],
@@ -211,7 +211,7 @@ class Zygote:
 
 def _serve(ctl: socket.socket) -> None:
     """Fork a child per request until the parent's socket closes."""
-    from torchft_pg.process_group import _baby_worker
+    from torchft_pg.process_group.baby import child
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
@@ -243,7 +243,7 @@ def _serve(ctl: socket.socket) -> None:
                 for own in (ctl.fileno(), wake_r, wake_w, status_r, status_w, *status.values()):
                     with contextlib.suppress(OSError):
                         os.close(own)
-                _baby_worker.main(
+                child.main(
                     socket.socket(fileno=fds[0]), backend, None if device == "none" else int(device)
                 )
                 os._exit(0)  # main() exits itself; in case it returns
@@ -269,11 +269,11 @@ def _reap(status: dict[int, int]) -> None:
 
 
 def zygote_main(fd: int) -> None:
-    """The zygote process (``python -m torchft_pg.process_group._baby_worker zygote FD``)."""
+    """The zygote process (``python -m torchft_pg.process_group.baby.child zygote FD``)."""
     # Import what every child needs before the first fork: a fork then serves at once.
     import torch  # noqa: F401
 
-    import torchft_pg.process_group._baby_worker
+    import torchft_pg.process_group.baby.child
     import torchft_pg.process_group.gloo  # noqa: F401
 
     control = socket.socket(fileno=fd)

@@ -49,7 +49,7 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
-from torchft_pg.process_group._baby_messages import INLINE_MAX_BYTES
+from torchft_pg.process_group.baby.messages import INLINE_MAX_BYTES
 
 __all__ = [
     "INLINE_MAX_BYTES",

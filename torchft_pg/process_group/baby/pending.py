@@ -1,4 +1,4 @@
-"""Requests a Baby group has sent its child and awaits replies for (see `_baby_child`)."""
+"""Requests a Baby group has sent its child and awaits replies for (see `parent`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.futures import Future
 
-from torchft_pg.process_group import _baby_protocol as proto
+from torchft_pg.process_group.baby import protocol as proto
 
 __all__ = ["PendingOp", "PendingRequest"]
 
