@@ -28,10 +28,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import grpc
-
 from lighthouse import auth, exposure, services, validate, wire
 from lighthouse._conn_guard import ConnectionGuard
+from lighthouse._grpc import grpc
 from lighthouse._loop import background_loop, run_sync
 from lighthouse._net import (
     advertised_host,
