@@ -69,7 +69,7 @@ test-browser:  ## the dashboard rendered by headless Chromium (tests/browser; sk
 test-slow: install-test-extras  ## long soak runs (100 kills)
 	$(PY) -m pytest -q -m slow tests
 
-LINTED = ft_errors torchft_pg lighthouse tests bench examples compat
+LINTED = torchft_pg lighthouse tests bench examples compat
 
 lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs them
 	$(PY) -m ruff check $(LINTED)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 
-import grpc
-
+from lighthouse._grpc import grpc
 from lighthouse._net import BROKEN_CALL
 from lighthouse.errors import (
     FaultToleranceError,

@@ -12,10 +12,9 @@ import socket
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import grpc
-
 from lighthouse import auth, services, tls, validate
 from lighthouse._conn_guard import ConnectionGuard
+from lighthouse._grpc import grpc
 from lighthouse.connection_policy import ConnectionLimits
 
 __all__ = [

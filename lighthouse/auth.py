@@ -29,9 +29,8 @@ import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import grpc
-
 from lighthouse import tls
+from lighthouse._grpc import grpc
 
 __all__ = [
     "HTTP_HEADER",

@@ -17,9 +17,8 @@ import sys
 import time
 from datetime import timedelta
 
-import grpc
-
 from lighthouse import services, wire
+from lighthouse._grpc import grpc
 from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.coordinator.client import LighthouseClient
 from lighthouse.errors import FaultToleranceError

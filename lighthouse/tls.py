@@ -31,7 +31,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import grpc
+from lighthouse._grpc import grpc
 
 __all__ = [
     "CA_ENV",

@@ -289,7 +289,8 @@ class LeaseFloor:
 @dataclass(frozen=True, kw_only=True)
 class QuorumWait:
     """Why the lighthouse has not issued the quorum a replica waits for: ``kind`` is
-    the rule's tag (``min_replicas``, ``join_timeout``, ``split_brain``, ``behind``,
+    the rule's tag, a plain string (the value of the lighthouse's ``DecisionKind``:
+    ``min_replicas``, ``join_timeout``, ``split_brain``, ``behind``,
     ``below_committed``, ...), ``reason`` says it in words."""
 
     kind: str

@@ -1,6 +1,6 @@
-"""torchft_pg's exception tree (extends the shared root in `ft_errors`).
+"""torchft_pg's exception tree (extends the control plane's root in `lighthouse.errors`).
 
-    FaultToleranceError (RuntimeError)                   ft_errors (also `lighthouse.errors`)
+    FaultToleranceError (RuntimeError)                   lighthouse.errors (the same classes)
     ├── LighthouseUnavailableError, ManagerUnavailableError,
     │   QuorumTimeoutError (+TimeoutError), QuorumRejectedError
     ├── NotConfiguredError                               collective before configure()
@@ -11,9 +11,10 @@
     ├── CommitFailedError                                too many consecutive failed commits
     └── ExceptionWithTraceback                           what Manager.errored() returns
 
-The root comes from `ft_errors`, not `lighthouse.errors`: importing anything
-under `lighthouse` runs its `__init__`, which loads gRPC, and process groups
-(a Baby child process included) import this module.
+Process groups (a Baby child process included) import this module, so the
+root comes from `lighthouse.errors`, the one lighthouse module a process group
+may load: it imports only the standard library, and the package's `__init__`
+imports nothing until a public name is used, so gRPC stays unloaded.
 
 Bad arguments are ValueError/TypeError and name the value and what was expected.
 """
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import traceback
 
-from ft_errors import (
+from lighthouse.errors import (
     FaultToleranceError,
     LighthouseUnavailableError,
     ManagerUnavailableError,

@@ -1,5 +1,9 @@
 """One rank's quorum round: request, result, configure, heal.
 
+(Its request goes to the group's manager server, whose
+``lighthouse.replica.group_rounds.GroupRounds`` gathers every rank of the
+group into one lighthouse call.)
+
 `Manager.start_quorum` hands each step's round to `QuorumRound.start`: it
 builds this rank's `ManagerQuorumRequest` and sends it to the group's manager
 server; where the `QuorumResult` arrives, `plan_quorum` (pure, in

@@ -20,10 +20,10 @@ from datetime import timedelta
 from torch.distributed import PrefixStore, Store, TCPStore
 
 __all__ = [
+    "BorrowedStore",
     "StoreAddress",
-    "StoreLease",
+    "borrow_store_client",
     "create_store_client",
-    "lease_store_client",
     "parse_store_address",
 ]
 
@@ -174,12 +174,12 @@ def _alive(client: TCPStore) -> bool:
 _POOL = _ClientPool()
 
 
-class StoreLease:
-    """A store client lent to one user: `store` is ``PrefixStore(prefix, client)``.
+class BorrowedStore:
+    """A pooled store client borrowed by one user: `store` is ``PrefixStore(prefix, client)``.
 
-    Call `release` once the user (a group's backend) no longer needs it;
-    releasing twice is harmless. A lease never released just keeps its
-    connection until it is garbage collected.
+    Call `release` once the user (a group's backend) no longer needs it, to
+    return the client to the pool; releasing twice is harmless. One never
+    released just keeps its connection until it is garbage collected.
     """
 
     def __init__(self, addr: StoreAddress, client: TCPStore) -> None:
@@ -193,9 +193,9 @@ class StoreLease:
             _POOL.release(self.address.host, self.address.port, client)
 
 
-def lease_store_client(
+def borrow_store_client(
     store_addr: str | StoreAddress, timeout: timedelta = _DEFAULT_TIMEOUT
-) -> StoreLease:
+) -> BorrowedStore:
     """Borrow a store client for ``host:port/prefix`` (see `_ClientPool` for why).
 
     `timeout` bounds the connect and every store operation.
@@ -203,7 +203,7 @@ def lease_store_client(
     addr = parse_store_address(store_addr)
     if timeout <= timedelta(0):
         raise ValueError(f"timeout must be positive, got {timeout}")
-    return StoreLease(addr, _POOL.acquire(addr.host, addr.port, timeout))
+    return BorrowedStore(addr, _POOL.acquire(addr.host, addr.port, timeout))
 
 
 def create_store_client(
@@ -216,4 +216,4 @@ def create_store_client(
     and the store's own error (a RuntimeError) when the server cannot be
     reached within `timeout`.
     """
-    return lease_store_client(store_addr, timeout).store
+    return borrow_store_client(store_addr, timeout).store

@@ -22,7 +22,13 @@ from lighthouse.coordinator.health import replica_health
 from lighthouse.coordinator.history import HistoryMetrics, JobHistory
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.lease import QuorumLease
-from lighthouse.coordinator.quorum import Decision, QuorumConfig, QuorumState, decide_quorum
+from lighthouse.coordinator.quorum import (
+    Decision,
+    DecisionKind,
+    QuorumConfig,
+    QuorumState,
+    decide_quorum,
+)
 from lighthouse.types import (
     FailureNotice,
     HealReport,
@@ -93,7 +99,9 @@ class LighthouseCore:
         # replica id -> (the stream that announced a clean leave, committed-through step)
         self.leaving: dict[str, tuple[asyncio.Queue[bytes], int]] = {}
         self._last_imbalance_log = float("-inf")
-        self.decision = Decision(None, "idle: no replica has asked for a quorum yet", "idle")
+        self.decision = Decision(
+            None, "idle: no replica has asked for a quorum yet", DecisionKind.IDLE
+        )
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_quarantines: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
@@ -370,9 +378,9 @@ class LighthouseCore:
                 continue
             held = self.quarantine_reason(rid)
             if held is not None:
-                wait = QuorumWait(kind="quarantine", reason=held)
-            elif d.members is None and d.kind != "idle":
-                wait = QuorumWait(kind=d.kind, reason=d.reason)
+                wait = QuorumWait(kind=DecisionKind.QUARANTINE.value, reason=held)
+            elif d.members is None and d.kind is not DecisionKind.IDLE:
+                wait = QuorumWait(kind=d.kind.value, reason=d.reason)  # a plain string on the wire
             else:
                 continue
             told = self._told_wait.get(rid)
@@ -432,9 +440,12 @@ class LighthouseCore:
                     d.reason,
                 )
             d = decide_quorum(now, self.state, self.config)  # without them
-        if d.kind != self.decision.kind:
-            level = logging.DEBUG if d.kind in ("fast", "idle") else logging.INFO
-            log.log(logging.WARNING if d.kind == "below_committed" else level, "%s", d.reason)
+        if d.kind is not self.decision.kind:
+            quiet = d.kind in (DecisionKind.FAST, DecisionKind.IDLE)
+            level = logging.DEBUG if quiet else logging.INFO
+            if d.kind is DecisionKind.BELOW_COMMITTED:
+                level = logging.WARNING
+            log.log(level, "%s", d.reason)
         self.decision = d
         if d.members is None:
             if d.final:
@@ -554,7 +565,7 @@ class LighthouseCore:
             },
             "next_quorum": {
                 "reason": self.decision.reason,
-                "kind": self.decision.kind,
+                "kind": self.decision.kind.value,
                 "pending": sorted(state.pending),
                 "not_asked_yet": sorted(waiting)[:100],
             },

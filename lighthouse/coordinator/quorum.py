@@ -88,6 +88,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from enum import Enum
 
 from lighthouse.coordinator.committed import CommittedStep
 from lighthouse.types import Quorum, QuorumMember, copy_with
@@ -137,21 +138,38 @@ class QuorumConfig:
             raise ValueError(f"quarantine_base_s must be > 0, got {self.quarantine_base_s}")
 
 
+class DecisionKind(str, Enum):
+    """Which rule a ``Decision`` followed. The values are stable tags: ``/status``
+    (``next_quorum.kind``), the dashboard and a waiting group's ``QuorumWait``
+    carry them as plain strings (``.value``)."""
+
+    FAST = "fast"  # rule 1: every member of the previous quorum asked again (issued)
+    READY = "ready"  # rules 2-4 hold (issued)
+    IDLE = "idle"  # no replica is asking (or every asker is quarantined)
+    MIN_REPLICAS = "min_replicas"  # rule 2: fewer askers than min_replicas
+    SPLIT_BRAIN = "split_brain"  # rule 3: no strict majority of the live replicas
+    JOIN_TIMEOUT = "join_timeout"  # rule 4: waiting for live replicas that have not asked
+    SHRINK_EMPTY = "shrink_empty"  # shrink_only and no asker was in the previous quorum
+    BEHIND = "behind"  # rule 5: a live replica outside is ahead
+    BELOW_COMMITTED = "below_committed"  # rule 6: below the job's committed step
+    QUARANTINE = "quarantine"  # rules 7-9: replicas to quarantine first
+
+
 @dataclass(frozen=True)
 class Decision:
     """``members`` (sorted by replica id) when a quorum should be issued, else None.
 
-    ``kind`` is a stable tag (``fast``, ``ready``, ``idle``, ``min_replicas``,
-    ``split_brain``, ``join_timeout``, ``shrink_empty``, ``behind``, ``below_committed``,
-    ``quarantine``); ``reason`` says why in words. ``quarantine``: replica ids the
-    caller must quarantine (``QuorumState.quarantine``) before deciding again.
-    ``final``: a refusal that no wait can lift (rule 6); the caller fails the
-    pending requests with ``reason`` now rather than at their deadlines.
+    ``kind`` says which rule decided (a ``DecisionKind``, whose values are the
+    stable tags ``fast``, ``ready``, ``idle``, ...); ``reason`` says why in
+    words. ``quarantine``: replica ids the caller must quarantine
+    (``QuorumState.quarantine``) before deciding again. ``final``: a refusal
+    that no wait can lift (rule 6); the caller fails the pending requests with
+    ``reason`` now rather than at their deadlines.
     """
 
     members: tuple[QuorumMember, ...] | None
     reason: str
-    kind: str
+    kind: DecisionKind
     quarantine: tuple[str, ...] = ()
     final: bool = False
 
@@ -446,9 +464,11 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
     if n == 0:
         if state.pending:
             return Decision(
-                None, f"idle: the {len(state.pending)} waiting replica(s) are quarantined", "idle"
+                None,
+                f"idle: the {len(state.pending)} waiting replica(s) are quarantined",
+                DecisionKind.IDLE,
             )
-        return Decision(None, "idle: no replica is waiting for a quorum", "idle")
+        return Decision(None, "idle: no replica is waiting for a quorum", DecisionKind.IDLE)
     shrink = state.shrink_pending > 0
     prev = state.prev
     if prev is not None and state.prev_pending == len(prev.participants):
@@ -464,14 +484,14 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             _cut_apart(members, state, config)
             or _quarantine_suspects(members, state, config, now)
             or _refusal(members, state, config, now)
-            or Decision(members, reason, "fast")
+            or Decision(members, reason, DecisionKind.FAST)
         )
     tail = f"[{n} asked, shrink_only={shrink}]"
     if n < config.min_replicas:
         return Decision(
             None,
             f"not ready: {n} replica(s) asked, need min_replicas={config.min_replicas} {tail}",
-            "min_replicas",
+            DecisionKind.MIN_REPLICAS,
         )
     live = state.live_count(now, config.heartbeat_timeout_s)
     recalled = state.recalled_members
@@ -487,7 +507,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
                 f"the restart had {recalled} members and only {n} asked, so up to "
                 f"{config.heartbeat_timeout_s:g} s after the restart a quorum needs more than "
                 f"{recalled // 2} (the others may be live and not yet reconnected) {tail}",
-                "split_brain",
+                DecisionKind.SPLIT_BRAIN,
             )
         live = recalled
     if n <= live // 2:
@@ -495,7 +515,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
             None,
             f"not ready: {n} of {live} live replicas asked; a quorum needs a strict majority "
             f"(> {live // 2}) to rule out split brain {tail}",
-            "split_brain",
+            DecisionKind.SPLIT_BRAIN,
         )
     stragglers = live - n
     if stragglers > 0:
@@ -505,14 +525,14 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
                 None,
                 f"not ready: waiting up to {config.join_timeout_s - waited:.3f} s more (join_timeout) "
                 f"for {stragglers} live replica(s) that have not asked {tail}",
-                "join_timeout",
+                DecisionKind.JOIN_TIMEOUT,
             )
     members = state.candidates(shrink, now)
     if not members:
         return Decision(
             None,
             f"not ready: shrink_only and no asker was in the previous quorum {tail}",
-            "shrink_empty",
+            DecisionKind.SHRINK_EMPTY,
         )
     reason = f"quorum of {len(members)}: {n} of {live} live replicas asked"
     if stragglers > 0:
@@ -521,7 +541,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
         _cut_apart(members, state, config)
         or _quarantine_suspects(members, state, config, now)
         or _refusal(members, state, config, now)
-        or Decision(members, reason, "ready")
+        or Decision(members, reason, DecisionKind.READY)
     )
 
 
@@ -532,7 +552,7 @@ def _refuted(state: QuorumState, config: QuorumConfig) -> Decision | None:
         return None
     ids = tuple(sorted(state.refuted))
     why = "; ".join(f"{rid}: {state.refuted[rid]}" for rid in ids[:3])
-    return Decision(None, f"refusing the claim of {list(ids)}: {why}", "quarantine", ids)
+    return Decision(None, f"refusing the claim of {list(ids)}: {why}", DecisionKind.QUARANTINE, ids)
 
 
 def _quarantine_suspects(
@@ -554,7 +574,9 @@ def _quarantine_suspects(
         f"{len(members) - len(suspects)} of them committed steps before; "
         f"{list(suspects)} never committed a step with this lighthouse"
     )
-    return Decision(None, f"quarantining {list(suspects)}: {why}", "quarantine", suspects)
+    return Decision(
+        None, f"quarantining {list(suspects)}: {why}", DecisionKind.QUARANTINE, suspects
+    )
 
 
 def _cut_apart(
@@ -599,7 +621,9 @@ def _cut_apart(
         f"members that named each other unreachable after a failed step cannot share a "
         f"process group ({pairs}); leaving {excluded} out lets the others train"
     )
-    return Decision(None, f"cutting {excluded} out: {why}", "quarantine", tuple(excluded))
+    return Decision(
+        None, f"cutting {excluded} out: {why}", DecisionKind.QUARANTINE, tuple(excluded)
+    )
 
 
 def _refusal(
@@ -632,7 +656,7 @@ def _unless_committed(
             if state.run_ended
             else ""
         ),
-        "below_committed",
+        DecisionKind.BELOW_COMMITTED,
         final=_no_wait_lifts(state, config, now),
     )
 
@@ -673,5 +697,5 @@ def _unless_behind(
         None,
         f"not ready: live replica(s) {listed} are ahead of the askers' highest step {top}; "
         "waiting for them so no committed step is overwritten",
-        "behind",
+        DecisionKind.BEHIND,
     )

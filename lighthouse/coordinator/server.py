@@ -20,10 +20,9 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import grpc
-
 from lighthouse import auth, exposure, services, validate, wire
 from lighthouse._conn_guard import ConnectionGuard
+from lighthouse._grpc import grpc
 from lighthouse._loop import run_sync
 from lighthouse._net import advertised_host, bind_server, join_host_port, split_host_port
 from lighthouse.clock import Clock, MonotonicClock

@@ -1,7 +1,8 @@
 """The per-replica-group side: a manager server per group and its ranks' clients.
 
     server.py        ``ManagerServer`` (group rank 0): its gRPC service and lifecycle
-    rounds.py        the quorum rounds and commit votes the server gathers
+    group_rounds.py  ``GroupRounds``: the group's ranks gathered into one lighthouse call
+                     per round, and their commit votes into one decision
     link.py          the server's link to the lighthouse (liveness, quorum stream)
     lease_holder.py  the server's side of a quorum lease
     ranks.py         from a quorum to one group rank's ``QuorumResult`` (pure)

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import grpc
-
 from lighthouse import auth, services, validate, wire
 from lighthouse._calls import call_with_retries
+from lighthouse._grpc import grpc
 from lighthouse._net import CHANNEL_OPTIONS, normalize_address, stub
 from lighthouse.errors import ManagerUnavailableError
 from lighthouse.tls import TlsConfig, resolve_tls

@@ -27,9 +27,8 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import grpc
-
 from lighthouse import auth, services, wire
+from lighthouse._grpc import grpc
 from lighthouse._net import BROKEN_CALL, CHANNEL_OPTIONS, connection_error, split_host_port, stub
 from lighthouse.errors import (
     FaultToleranceError,

@@ -163,7 +163,7 @@ class LocalManagerClient:
             out.set_exception(QuorumRejectedError(f"ShouldCommit: {exc}"))
             return
         what = f"commit vote of group rank {rank} for step {step}"
-        # At the deadline the vote is closed for every rank (QuorumRounds.expire_vote),
+        # At the deadline the vote is closed for every rank (GroupRounds.expire_vote),
         # on this loop, before the caller's own wait (timeout_s + _LOOP_MARGIN_S) ends.
         _complete(
             self._loop,

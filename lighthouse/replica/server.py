@@ -14,7 +14,7 @@
   advance, shrink_only or commit failures. A recall that strands a leased step
   (a member it needs waits at the lighthouse) fails that step on every rank.
 
-The rounds and votes themselves live in ``lighthouse.replica.rounds``; this
+The rounds and votes themselves live in ``lighthouse.replica.group_rounds``; this
 module is their gRPC service and the server's lifecycle. Group rank 0 reaches
 the same rounds in-process through ``lighthouse.replica.local``.
 """
@@ -28,10 +28,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import grpc
-
 from lighthouse import auth, exposure, services, validate, wire
 from lighthouse._conn_guard import ConnectionGuard
+from lighthouse._grpc import grpc
 from lighthouse._loop import background_loop, run_sync
 from lighthouse._net import (
     advertised_host,
@@ -47,9 +46,9 @@ from lighthouse.connection_policy import (
 )
 from lighthouse.errors import FaultToleranceError, QuorumRejectedError
 from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
+from lighthouse.replica.group_rounds import GroupRounds, vote_margin_s
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import LighthouseLink
-from lighthouse.replica.rounds import QuorumRounds, vote_margin_s
 from lighthouse.tls import TlsConfig, resolve_tls
 from lighthouse.types import FailureNotice, LeaseFloor, LeaseRecall, QuorumWait
 
@@ -208,7 +207,7 @@ class ManagerServer:
             job_id=auth.resolve_job_id(job_id),
             tls=self._tls,
         )
-        self._rounds = QuorumRounds(
+        self._rounds = GroupRounds(
             replica_id=replica_id,
             world_size=world_size,
             store_addr=store_addr,
@@ -263,7 +262,7 @@ class ManagerServer:
         return join_host_port(self._host, self._port)
 
     @property
-    def rounds(self) -> QuorumRounds:
+    def rounds(self) -> GroupRounds:
         """The quorum rounds and commit votes, for the in-process client
         (``lighthouse.replica.local``); use them on ``loop`` only."""
         return self._rounds
@@ -451,7 +450,7 @@ class ManagerServer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"ShouldCommit: {exc}")
         remaining = context.time_remaining()
         # Decide before the caller's deadline, so that it hears the group's answer
-        # (see QuorumRounds.expire_vote) rather than a timeout it cannot read.
+        # (see GroupRounds.expire_vote) rather than a timeout it cannot read.
         budget = None if remaining is None else max(0.0, remaining - vote_margin_s(remaining))
         try:
             try:

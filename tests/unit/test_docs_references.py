@@ -20,7 +20,7 @@ PAGES = sorted(
 )
 # A repository path in backticks: a top-level folder of ours, then a file or folder name.
 PATH = re.compile(
-    r"`((?:torchft_pg|lighthouse|tests|examples|bench|docs|proto|compat|ft_errors)/[\w./-]*[\w/])`"
+    r"`((?:torchft_pg|lighthouse|tests|examples|bench|docs|proto|compat)/[\w./-]*[\w/])`"
 )
 LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
 MAKE = re.compile(r"\bmake ((?:[a-z][\w-]*)(?: [a-z][\w-]*)*)")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from lighthouse import ManagerQuorumRequest
-from lighthouse.replica.rounds import group_heal
+from lighthouse.replica.group_rounds import group_heal
 from lighthouse.types import HealReport
 from tests.unit.manager_fakes import FakeTransport, make, result
 from torchft_pg.checkpointing import InProcessHub, InProcessTransport

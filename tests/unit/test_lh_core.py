@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 from lighthouse import wire
 from lighthouse.clock import FakeClock
 from lighthouse.coordinator.core import LighthouseCore, SupersededError
-from lighthouse.coordinator.quorum import QuorumConfig
+from lighthouse.coordinator.quorum import DecisionKind, QuorumConfig
 from lighthouse.types import FailureNotice, QuorumMember, QuorumWait
 
 # without leases: these tests read failure notices off the streams, not recalls
@@ -32,7 +33,7 @@ def test_members_get_one_shared_payload_and_survivors_hear_of_a_death() -> None:
         assert payloads[0] is payloads[1] is payloads[2]  # serialized once
         assert wire.decode_lighthouse_quorum_response(payloads[0]).replica_ids == ["a", "b", "c"]
         fa, fb = core.request(QuorumMember("a")), core.request(QuorumMember("b"))
-        assert not fa.done() and core.decision.kind == "join_timeout"
+        assert not fa.done() and core.decision.kind is DecisionKind.JOIN_TIMEOUT
         core.stream_closed("c", queues["c"])  # c's process died: stream broke
         quorum = wire.decode_lighthouse_quorum_response(await fa)
         assert quorum.replica_ids == ["a", "b"] and quorum.quorum_id == 2
@@ -79,6 +80,9 @@ def test_a_second_request_from_the_same_replica_supersedes_the_first() -> None:
         assert "a" not in core.state.pending
         snap = core.snapshot()
         assert snap["epoch"] == "ep" and snap["next_quorum"]["kind"] == "idle"
+        # /status carries the tag as a plain string, byte for byte as before the enum.
+        assert type(snap["next_quorum"]["kind"]) is str
+        assert '"kind": "idle"' in json.dumps(snap["next_quorum"])
 
     run(body())
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lighthouse.clock import FakeClock
-from lighthouse.coordinator.quorum import QuorumConfig, QuorumState, decide_quorum
+from lighthouse.coordinator.quorum import DecisionKind, QuorumConfig, QuorumState, decide_quorum
 from lighthouse.types import QuorumMember
 
 CFG = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
@@ -17,7 +19,7 @@ def ask(state: QuorumState, clock: FakeClock, rid: str, **kw: object) -> None:
 
 def decide_and_issue(
     state: QuorumState, clock: FakeClock, cfg: QuorumConfig = CFG
-) -> tuple[str, list[str]]:
+) -> tuple[DecisionKind, list[str]]:
     d = decide_quorum(clock.now(), state, cfg)
     if d.members is None:
         return d.kind, []
@@ -25,14 +27,31 @@ def decide_and_issue(
     return d.kind, q.replica_ids
 
 
+def test_decision_kinds_are_the_stable_tags() -> None:
+    # /status, the logs, the dashboard and QuorumWait carry these plain strings.
+    assert [k.value for k in DecisionKind] == [
+        "fast",
+        "ready",
+        "idle",
+        "min_replicas",
+        "split_brain",
+        "join_timeout",
+        "shrink_empty",
+        "behind",
+        "below_committed",
+        "quarantine",
+    ]
+    assert json.dumps({"kind": DecisionKind.BELOW_COMMITTED.value}) == '{"kind": "below_committed"}'
+
+
 def test_first_quorum_waits_for_min_replicas_and_says_why() -> None:
     clock, state = FakeClock(), QuorumState("e")
     ask(state, clock, "a")
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.members is None and d.kind == "min_replicas"
+    assert d.members is None and d.kind is DecisionKind.MIN_REPLICAS
     assert "min_replicas=2" in d.reason
     ask(state, clock, "b")
-    assert decide_and_issue(state, clock) == ("ready", ["a", "b"])
+    assert decide_and_issue(state, clock) == (DecisionKind.READY, ["a", "b"])
     assert state.quorum_id == 1 and state.epoch == "e"
 
 
@@ -44,13 +63,13 @@ def test_split_brain_guard_needs_strict_majority_of_live_replicas() -> None:
     ask(state, clock, "a")
     ask(state, clock, "b")
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.kind == "split_brain" and "strict majority" in d.reason
+    assert d.kind is DecisionKind.SPLIT_BRAIN and "strict majority" in d.reason
     clock.advance(100)  # even after any join timeout: 2 of 4 is no majority
     for rid in ("c", "d"):
         state.heartbeat(rid, clock.now())
     state.heartbeat("a", clock.now())
     state.heartbeat("b", clock.now())
-    assert decide_quorum(clock.now(), state, cfg).kind == "split_brain"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.SPLIT_BRAIN
 
 
 def test_join_timeout_waits_for_stragglers_then_issues_without_them() -> None:
@@ -60,12 +79,12 @@ def test_join_timeout_waits_for_stragglers_then_issues_without_them() -> None:
     clock.advance(0.5)
     ask(state, clock, "b")
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind == "join_timeout" and "1 live replica(s)" in d.reason
+    assert d.kind is DecisionKind.JOIN_TIMEOUT and "1 live replica(s)" in d.reason
     clock.advance(0.49)  # join timeout counts from the earliest ask (a at t=0)
-    assert decide_quorum(clock.now(), state, CFG).kind == "join_timeout"
+    assert decide_quorum(clock.now(), state, CFG).kind is DecisionKind.JOIN_TIMEOUT
     clock.advance(0.02)
     kind, ids = decide_and_issue(state, clock)
-    assert (kind, ids) == ("ready", ["a", "b"])
+    assert (kind, ids) == (DecisionKind.READY, ["a", "b"])
 
 
 def test_straggler_silent_past_heartbeat_timeout_no_longer_delays() -> None:
@@ -75,9 +94,9 @@ def test_straggler_silent_past_heartbeat_timeout_no_longer_delays() -> None:
     clock.advance(4.0)
     ask(state, clock, "a")
     ask(state, clock, "b")
-    assert decide_quorum(clock.now(), state, cfg).kind == "join_timeout"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.JOIN_TIMEOUT
     clock.advance(1.0)  # c last seen 5 s ago
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["a", "b"])
     assert state.prune(clock.now(), cfg.heartbeat_timeout_s) == ["c"]
     assert "c" not in state.seen
 
@@ -87,13 +106,13 @@ def test_forgotten_replica_dead_by_stream_close_issues_at_once() -> None:
     cfg = QuorumConfig(min_replicas=2, join_timeout_s=60.0, heartbeat_timeout_s=5.0)
     for rid in "abc":
         ask(state, clock, rid)
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b", "c"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["a", "b", "c"])
     ask(state, clock, "a")
     ask(state, clock, "b")
-    assert decide_quorum(clock.now(), state, cfg).kind == "join_timeout"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.JOIN_TIMEOUT
     assert state.forget("c")
     kind, ids = decide_and_issue(state, clock, cfg)
-    assert (kind, ids) == ("ready", ["a", "b"])
+    assert (kind, ids) == (DecisionKind.READY, ["a", "b"])
     assert state.quorum_id == 2
 
 
@@ -106,14 +125,14 @@ def test_fast_quorum_same_id_and_admits_registered_joiners() -> None:
     ask(state, clock, "b")
     assert decide_quorum(clock.now(), state, CFG).members is None
     ask(state, clock, "a")
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b"])
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b"])
     assert state.quorum_id == 1
     ask(state, clock, "c")  # joiner asks before the members do
     ask(state, clock, "a")
     ask(state, clock, "b")
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind == "fast" and "1 joiner" in d.reason
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+    assert d.kind is DecisionKind.FAST and "1 joiner" in d.reason
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b", "c"])
     assert state.quorum_id == 2
 
 
@@ -126,12 +145,12 @@ def test_shrink_only_holds_newcomers_back_until_a_normal_quorum() -> None:
     ask(state, clock, "a", shrink_only=True)
     ask(state, clock, "b")
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind == "fast" and "holds 1 newcomer" in d.reason
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b"])
+    assert d.kind is DecisionKind.FAST and "holds 1 newcomer" in d.reason
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b"])
     assert list(state.pending) == ["c"]
     ask(state, clock, "a")
     ask(state, clock, "b")
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b", "c"])
 
 
 def test_quorum_id_changes_on_commit_failures_only_when_membership_is_same() -> None:
@@ -178,7 +197,7 @@ def test_prune_keeps_pending_requesters_and_bounds_state() -> None:
 
 def test_decision_reason_for_idle_and_shrink_with_no_previous_members() -> None:
     clock, state = FakeClock(), QuorumState("e")
-    assert decide_quorum(clock.now(), state, CFG).kind == "idle"
+    assert decide_quorum(clock.now(), state, CFG).kind is DecisionKind.IDLE
     ask(state, clock, "a")
     ask(state, clock, "b")
     decide_and_issue(state, clock)
@@ -187,7 +206,7 @@ def test_decision_reason_for_idle_and_shrink_with_no_previous_members() -> None:
     ask(state, clock, "c", shrink_only=True)
     ask(state, clock, "d")
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind == "shrink_empty" and d.members is None
+    assert d.kind is DecisionKind.SHRINK_EMPTY and d.members is None
 
 
 @pytest.mark.parametrize(
@@ -215,13 +234,13 @@ def test_never_issues_behind_a_live_replica_that_is_ahead() -> None:
     clock, state = FakeClock(), QuorumState("e")
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
     ask(state, clock, "a", step=85)
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["a"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["a"])
     for rid in ("b", "c", "d"):
         ask(state, clock, rid, step=0)
     clock.advance(10)  # past any join timeout; b, c, d are a majority of 4
     state.heartbeat("a", clock.now())
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.members is None and d.kind == "behind"
+    assert d.members is None and d.kind is DecisionKind.BEHIND
     assert "a (step 85)" in d.reason and "highest step 0" in d.reason
     ask(state, clock, "a", step=86)  # a asks again: everyone is in, b, c, d will heal
     assert decide_and_issue(state, clock, cfg)[1] == ["a", "b", "c", "d"]
@@ -237,16 +256,16 @@ def test_a_dead_replica_that_was_ahead_leaves_a_refusal_not_a_silent_reset() -> 
     ask(state, clock, "b", step=3)
     ask(state, clock, "c", step=3)
     clock.advance(2)
-    assert decide_quorum(clock.now(), state, cfg).kind == "behind"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.BEHIND
     state.forget("a")  # its liveness stream closed
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.members is None and d.kind == "below_committed"
+    assert d.members is None and d.kind is DecisionKind.BELOW_COMMITTED
     assert "committed step 9" in d.reason and "highest step is 3" in d.reason
     assert "--allow-step-reset" in d.reason
     allow = QuorumConfig(
         min_replicas=1, join_timeout_s=1.0, heartbeat_timeout_s=5.0, allow_step_reset=True
     )
-    assert decide_and_issue(state, clock, allow) == ("ready", ["b", "c"])
+    assert decide_and_issue(state, clock, allow) == (DecisionKind.READY, ["b", "c"])
     assert state.committed_step == 3  # the allowed reset is the job's new history
 
 
@@ -257,9 +276,9 @@ def test_committed_step_survives_in_the_state_and_passes_a_replica_at_that_step(
     cfg = QuorumConfig(min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0)
     state = QuorumState("e2", committed_step=500)
     ask(state, clock, "fresh", step=0)
-    assert decide_quorum(clock.now(), state, cfg).kind == "below_committed"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.BELOW_COMMITTED
     ask(state, clock, "loaded", step=500)
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh", "loaded"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["fresh", "loaded"])
 
 
 def test_a_step_reset_refusal_is_final_once_every_live_replica_asks_below_the_step() -> None:
@@ -273,13 +292,13 @@ def test_a_step_reset_refusal_is_final_once_every_live_replica_asks_below_the_st
     ask(state, clock, "a", step=0)
     ask(state, clock, "b", step=3)
     d = decide_quorum(clock.now(), state, cfg)
-    assert (d.kind, d.final) == ("below_committed", False)  # live ones may still show up
+    assert (d.kind, d.final) == (DecisionKind.BELOW_COMMITTED, False)  # live ones may still show up
     clock.advance(5)
     state.heartbeat("loading", clock.now())  # live, not asking: may hold step 40
     assert not decide_quorum(clock.now(), state, cfg).final
     state.forget("loading")
     d = decide_quorum(clock.now(), state, cfg)
-    assert (d.kind, d.final) == ("below_committed", True)
+    assert (d.kind, d.final) == (DecisionKind.BELOW_COMMITTED, True)
     assert "committed step 40" in d.reason
     allow = QuorumConfig(
         min_replicas=1, join_timeout_s=0.0, heartbeat_timeout_s=5.0, allow_step_reset=True
@@ -294,18 +313,18 @@ def test_after_a_run_ended_step_0_is_a_new_run_and_an_older_checkpoint_is_refuse
     assert state.recalled_members == 0  # rule 3 does not wait for the old run's size
     ask(state, clock, "old", step=200)  # a restart from an older checkpoint
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.kind == "below_committed" and "ended cleanly" in d.reason, d.reason
+    assert d.kind is DecisionKind.BELOW_COMMITTED and "ended cleanly" in d.reason, d.reason
     state.forget("old")
     ask(state, clock, "fresh", step=0)
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["fresh"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["fresh"])
     assert (state.committed_step, state.run_ended) == (0, False)  # the new run's history
     state.report_progress("fresh", 3, 1.0)
     assert state.committed_step == 3
     state.forget("fresh")
     ask(state, clock, "again", step=0)  # not ended (nobody called end_run): refused
-    assert decide_quorum(clock.now(), state, cfg).kind == "below_committed"
+    assert decide_quorum(clock.now(), state, cfg).kind is DecisionKind.BELOW_COMMITTED
     state.end_run()
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["again"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["again"])
 
 
 def test_committed_step_grows_with_what_the_quorum_reports_after_it() -> None:
@@ -320,7 +339,7 @@ def test_committed_step_grows_with_what_the_quorum_reports_after_it() -> None:
     state.forget("a")
     ask(state, clock, "b", step=11)
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.kind == "below_committed" and "committed step 12" in d.reason
+    assert d.kind is DecisionKind.BELOW_COMMITTED and "committed step 12" in d.reason
 
 
 def test_a_claim_that_vanishes_leaves_nothing_behind() -> None:
@@ -334,17 +353,17 @@ def test_a_claim_that_vanishes_leaves_nothing_behind() -> None:
         ask(state, clock, rid, step=1327)
     assert state.committed_step == 1327 and state.proven == {"a", "b"}
     ask(state, clock, "ghost", step=2**62)
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "ghost"])
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b", "ghost"])
     assert state.committed_step == 1327  # nobody reported since
     state.withdraw("ghost")  # its deadline passed; it sends nothing more
     for rid in ("a", "b"):  # they could not heal from it: the step failed
         ask(state, clock, rid, step=1327, commit_failures=1)
     assert state.committed_step == 1327  # the ghost never reported: not reached together
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind == "quarantine" and d.quarantine == ("ghost",), d.reason  # rule 9
+    assert d.kind is DecisionKind.QUARANTINE and d.quarantine == ("ghost",), d.reason  # rule 9
     assert "claimed step 4611686018427387904" in d.reason
     state.quarantine(d.quarantine, clock.now(), CFG, d.reason)
-    assert decide_and_issue(state, clock) == ("ready", ["a", "b"])  # rule 5 skips it
+    assert decide_and_issue(state, clock) == (DecisionKind.READY, ["a", "b"])  # rule 5 skips it
     state.forget("ghost")  # gone: its quarantine record with it
     assert "ghost" not in state.quarantined and state.committed_step == 1327
     for rid in ("a", "b"):
@@ -495,16 +514,16 @@ def test_a_restarted_lighthouse_waits_for_a_majority_of_the_last_quorum() -> Non
     state = QuorumState("e2", committed_step=10, recalled_members=3)
     ask(state, clock, "a", step=10)
     d = decide_quorum(clock.now(), state, cfg)
-    assert d.kind == "split_brain" and "last quorum before the restart had 3" in d.reason
+    assert d.kind is DecisionKind.SPLIT_BRAIN and "last quorum before the restart had 3" in d.reason
     ask(state, clock, "b", step=10)
     clock.advance(0.6)  # past the join timeout: the third may be gone
-    assert decide_and_issue(state, clock, cfg) == ("ready", ["a", "b"])
+    assert decide_and_issue(state, clock, cfg) == (DecisionKind.READY, ["a", "b"])
     alone = QuorumState("e3", committed_step=10, recalled_members=3)
     ask(alone, clock, "a", step=10)
-    assert decide_quorum(clock.now(), alone, cfg).kind == "split_brain"
+    assert decide_quorum(clock.now(), alone, cfg).kind is DecisionKind.SPLIT_BRAIN
     clock.advance(5.0)
     alone.heartbeat("a", clock.now())
-    assert decide_and_issue(alone, clock, cfg) == ("ready", ["a"])
+    assert decide_and_issue(alone, clock, cfg) == (DecisionKind.READY, ["a"])
 
 
 def _proven_pair(state: QuorumState, clock: FakeClock, step: int) -> None:
@@ -523,7 +542,7 @@ def test_a_member_that_earned_its_lead_is_never_refused_when_a_heal_from_it_fail
     clock, state = FakeClock(), QuorumState("e")
     _proven_pair(state, clock, 10)
     ask(state, clock, "c", step=0)  # a restarted group: behind, it heals in
-    assert decide_and_issue(state, clock) == ("fast", ["a", "b", "c"])
+    assert decide_and_issue(state, clock) == (DecisionKind.FAST, ["a", "b", "c"])
     assert "c" not in state.claimants
     for rid, step in (("a", 10), ("b", 10), ("c", 11)):  # only c's commit went through
         ask(state, clock, rid, step=step, commit_failures=int(step == 10))
@@ -531,7 +550,7 @@ def test_a_member_that_earned_its_lead_is_never_refused_when_a_heal_from_it_fail
     for rid, step in (("a", 10), ("b", 10), ("c", 11)):  # ... and that heal failed
         ask(state, clock, rid, step=step, commit_failures=int(step == 10) * 2)
     d = decide_quorum(clock.now(), state, CFG)
-    assert d.kind != "quarantine" and not state.refuted, d.reason
+    assert d.kind is not DecisionKind.QUARANTINE and not state.refuted, d.reason
     assert d.members is not None and len(d.members) == 3  # they try again, with c
 
 

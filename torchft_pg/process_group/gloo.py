@@ -85,16 +85,16 @@ class ProcessGroupGloo(ProcessGroupWrapper):
         constructor's late result (and the store client lent to it) is disposed
         of when it returns.
         """
-        lease = self._meet_at(address, rank, world_size)
+        borrowed = self._meet_at(address, rank, world_size)
 
         def dispose(backend: BaseProcessGroup | None) -> None:
             if backend is not None:
                 _reaper.retire([backend])
-            lease.release()
+            borrowed.release()
 
         try:
             backend = build_within(
-                lambda: self._create_pg(lease.store, rank, world_size),
+                lambda: self._create_pg(borrowed.store, rank, world_size),
                 timeout_s=self._timeout.total_seconds(),
                 interrupted=self._interrupted,
                 interrupt_reason=lambda: self._interrupt_reason,
@@ -104,9 +104,9 @@ class ProcessGroupGloo(ProcessGroupWrapper):
         except Abandoned:
             raise  # `dispose` releases the store client once the constructor returns
         except BaseException:
-            lease.release()
+            borrowed.release()
             raise
-        self._store_lease = lease
+        self._borrowed_store = borrowed
         return backend
 
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:

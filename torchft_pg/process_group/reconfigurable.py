@@ -34,7 +34,7 @@ from torchft_pg.process_group import _meeting, _reaper
 from torchft_pg.process_group._staging import backend_op
 from torchft_pg.process_group.base import ProcessGroup, parse_configure_args
 from torchft_pg.process_group.forwarding import ForwardingProcessGroup
-from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
+from torchft_pg.store import BorrowedStore, StoreAddress, borrow_store_client
 
 __all__ = ["ProcessGroupWrapper"]
 
@@ -67,7 +67,7 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
         self._error: Exception | None = None
         self._interrupted = threading.Event()  # set by interrupt_configure()
         self._interrupt_reason = ""
-        self._store_lease: StoreLease | None = None  # the current backend's store client
+        self._borrowed_store: BorrowedStore | None = None  # the current backend's store client
 
     @property
     def timeout(self) -> timedelta:
@@ -87,27 +87,27 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
         The store client is lent to this backend for its lifetime (see
         `torchft_pg.store`) and returned when it is retired.
         """
-        lease = self._meet_at(address, rank, world_size)
+        borrowed = self._meet_at(address, rank, world_size)
         try:
-            backend = self._create_pg(lease.store, rank, world_size)
+            backend = self._create_pg(borrowed.store, rank, world_size)
         except BaseException:
-            lease.release()
+            borrowed.release()
             raise
-        self._store_lease = lease
+        self._borrowed_store = borrowed
         return backend
 
-    def _meet_at(self, address: StoreAddress, rank: int, world_size: int) -> StoreLease:
+    def _meet_at(self, address: StoreAddress, rank: int, world_size: int) -> BorrowedStore:
         """Borrow a store client for `address` and meet every member there.
 
-        Records the members' global ranks; the caller owns (and releases) the lease.
+        Records the members' global ranks; the caller owns (and releases) the borrowed store.
         """
-        lease = lease_store_client(address, self._timeout)
+        borrowed = borrow_store_client(address, self._timeout)
         try:
-            self._global_ranks = self._await_members(lease.store, rank, world_size)
+            self._global_ranks = self._await_members(borrowed.store, rank, world_size)
         except BaseException:
-            lease.release()
+            borrowed.release()
             raise
-        return lease
+        return borrowed
 
     def _await_members(self, store: Store, rank: int, world_size: int) -> tuple[int, ...]:
         """Wait until every member reached this configure, or `interrupt_configure` is called.
@@ -127,9 +127,9 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
         )
 
     def _release_store(self) -> None:
-        lease, self._store_lease = self._store_lease, None
-        if lease is not None:
-            lease.release()
+        borrowed, self._borrowed_store = self._borrowed_store, None
+        if borrowed is not None:
+            borrowed.release()
 
     def interrupt_configure(self, reason: str) -> None:
         """Make a `configure` in progress (or the next one) fail now: a member is known dead."""

@@ -29,7 +29,7 @@ from torchft_pg.process_group import _reaper
 from torchft_pg.process_group._staging import backend_op
 from torchft_pg.process_group.baby import messages as msgs
 from torchft_pg.process_group.baby import protocol as proto
-from torchft_pg.store import StoreAddress, StoreLease, lease_store_client
+from torchft_pg.store import BorrowedStore, StoreAddress, borrow_store_client
 
 _RECV_ANYSOURCE = "recv_anysource"
 
@@ -40,7 +40,9 @@ class _Child:
         self._backend = backend
         self._device_index = device_index
         self._pg: Any = None
-        self._lease: StoreLease | None = None  # the store client lent to the current group
+        self._borrowed_store: BorrowedStore | None = (
+            None  # the store client lent to the current group
+        )
         self._tensors = proto.ChildTensors()
 
     def configure(
@@ -58,24 +60,24 @@ class _Child:
             with contextlib.suppress(Exception):  # a broken backend may refuse to abort
                 holder[0].abort()
             _reaper.retire(holder)
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        if self._borrowed_store is not None:
+            self._borrowed_store.release()
+            self._borrowed_store = None
         timeout = timedelta(seconds=timeout_s)
-        lease = lease_store_client(address, timeout)
+        borrowed = borrow_store_client(address, timeout)
         try:
             if self._backend == "nccl":
                 from torchft_pg.process_group.nccl import create_nccl_group
 
-                self._pg = create_nccl_group(lease.store, rank, world_size, timeout)
+                self._pg = create_nccl_group(borrowed.store, rank, world_size, timeout)
             else:
                 from torchft_pg.process_group.gloo import create_gloo_group
 
-                self._pg = create_gloo_group(lease.store, rank, world_size, timeout, hostname)
+                self._pg = create_gloo_group(borrowed.store, rank, world_size, timeout, hostname)
         except BaseException:
-            lease.release()
+            borrowed.release()
             raise
-        self._lease = lease
+        self._borrowed_store = borrowed
 
     def run_op(self, message: msgs.RunOp, payload: memoryview, fds: list[int]) -> None:
         """Launch the op; its reply is sent when it completes (see `_Reply`)."""

@@ -1,4 +1,8 @@
-"""A manager server's quorum rounds and commit votes: the state both transports share.
+"""``GroupRounds``: the manager server gathers its group's ranks into one lighthouse call.
+
+The replica group's side of each quorum round and commit vote, the state both
+transports share. (Not to be confused with ``torchft_pg.quorum_round``'s
+``QuorumRound``: one rank's round in its Manager, whose request arrives here.)
 
 Every rank of the replica group sends one quorum request per step; the round
 waits for all ``world_size`` of them, checks they report the same step, and
@@ -35,7 +39,7 @@ from lighthouse.types import (
     QuorumResult,
 )
 
-__all__ = ["Gather", "QuorumRounds", "Vote", "group_heal", "vote_margin_s"]
+__all__ = ["Gather", "GroupRounds", "Vote", "group_heal", "vote_margin_s"]
 
 log = logging.getLogger("lighthouse.manager")
 
@@ -83,8 +87,10 @@ class Vote:
     future: asyncio.Future[bool] | None = None
 
 
-class QuorumRounds:
-    """Rounds and votes of replica group ``replica_id`` (``world_size`` ranks).
+class GroupRounds:
+    """Rounds and votes of replica group ``replica_id`` (``world_size`` ranks): each
+    round gathers the group's ranks' requests into one lighthouse call (or one
+    answer from the lease), each vote their votes into one decision.
 
     ``address`` gives the manager server's advertised ``host:port`` (sent to the
     lighthouse so healing peers can reach it); ``link`` asks the lighthouse;
