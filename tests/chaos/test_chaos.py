@@ -138,7 +138,10 @@ def test_killing_the_baby_child_fails_the_step_and_training_recovers() -> None:
 
 def test_healing_over_the_process_group_instead_of_http() -> None:
     """Kills, then both heal-phase kills with the PG transport (the source's send
-    blocks on its healer, so a dying healer fails its source's heal)."""
+    blocks on its healer, so a dying healer fails its source's heal). The heal-source
+    kill needs replica 0 to serve replica 1's heal after step 21: the join timeout is
+    long enough that a busy machine cannot leave replica 0 out of that quorum (with
+    300 ms, replica 1 once healed from replica 2 under CI load and the kill never came)."""
     plan = FaultPlan(
         {
             (1, 3): Fault.KILL_REPLICA,
@@ -150,7 +153,13 @@ def test_healing_over_the_process_group_instead_of_http() -> None:
     )
     report = run_chaos(
         ChaosConfig(
-            replicas=3, steps=30, plan=plan, transport="pg", deadline_s=RUN_BOUND_S, verbose=False
+            replicas=3,
+            steps=30,
+            plan=plan,
+            transport="pg",
+            deadline_s=RUN_BOUND_S,
+            join_timeout_ms=5000,
+            verbose=False,
         )
     )
     _check(report)
