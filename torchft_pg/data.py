@@ -1,4 +1,13 @@
-"""`DistributedSampler`: shard a dataset over replica groups and the ranks inside each.
+"""Samplers over replica groups: `ExactlyOnceBatchSampler` and torchft's `DistributedSampler`.
+
+`ExactlyOnceBatchSampler` gives each rank, every step, its part of the samples
+that follow those the job's committed steps used (`torchft_pg.data_plan`): a
+failed step's samples are drawn again, a group that heals continues where the
+job is, and while groups come and go no sample is skipped or repeated. The
+Manager's counters are its only state, so checkpointing the Manager
+(`manager.state_dict()`) checkpoints the data position too.
+
+`DistributedSampler` (torchft's, lossy by design):
 
 The dataset is split into ``num_replica_groups * num_replicas`` shards, and
 group rank `group_rank` of replica group `replica_rank` reads shard
@@ -11,12 +20,15 @@ each group's position if skipping or repeating batches matters.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 from torch.utils import data
 
-__all__ = ["DistributedSampler"]
+from torchft_pg.data_plan import DataPlan
+
+__all__ = ["CommittedCounters", "DistributedSampler", "ExactlyOnceBatchSampler"]
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -101,3 +113,70 @@ class DistributedSampler(data.distributed.DistributedSampler[T_co]):
         super().__init__(
             dataset, num_replicas=self.global_world_size, rank=self.global_rank, **kwargs
         )
+
+
+class CommittedCounters(Protocol):
+    """What `ExactlyOnceBatchSampler` reads of the Manager (``torchft_pg.Manager``
+    implements it): the agreed counters and this step's participation."""
+
+    def current_step(self) -> int: ...
+    def batches_committed(self) -> int: ...
+    def num_participants(self) -> int: ...
+    def participating_rank(self) -> int | None: ...
+
+
+class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
+    """This rank's dataset indices for the current step, from `plan` and the
+    counters of `manager`; every sample is used once over the committed steps.
+
+    Call `step_indices()` (or take the next item; iterating gives one epoch) after the step's
+    ``manager.start_quorum()`` (``optimizer.zero_grad()`` with `OptimizerWrapper`):
+    it waits for the step's quorum, since who takes part decides the split. A rank
+    that does not take part in the step (its group heals into it) gets ``[]``.
+
+    With ``DataLoader(dataset, batch_sampler=sampler)`` keep ``num_workers=0``:
+    worker processes fetch indices steps ahead, before the quorum that decides
+    them exists.
+    """
+
+    def __init__(self, plan: DataPlan, manager: CommittedCounters, group_rank: int) -> None:
+        if not isinstance(plan, DataPlan):
+            raise TypeError(f"plan must be a torchft_pg.data_plan.DataPlan, got {plan!r}")
+        self.plan = plan
+        self.manager = manager
+        self.group_rank = _index(
+            "group_rank", group_rank, "plan.group_world_size", plan.group_world_size
+        )
+
+    def step_indices(self) -> list[int]:
+        """This rank's indices for the step whose quorum was started last."""
+        rank = self.manager.participating_rank()  # waits for the step's quorum
+        if rank is None:
+            return []
+        consumed = self.plan.consumed(
+            batches_committed=self.manager.batches_committed(),
+            committed_steps=self.manager.current_step(),
+        )
+        part = self.plan.slice(
+            consumed=consumed,
+            participants=self.manager.num_participants(),
+            participant_rank=rank,
+            group_rank=self.group_rank,
+        )
+        return self.plan.indices(part)
+
+    def epoch(self) -> int:
+        """The epoch the job's data stream is in (after the committed steps)."""
+        return self.plan.epoch_of(
+            self.plan.consumed(
+                batches_committed=self.manager.batches_committed(),
+                committed_steps=self.manager.current_step(),
+            )
+        )
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """One epoch: a step's indices per item, until the job's committed steps have
+        used the epoch's last sample (its last step may run into the next epoch)."""
+        start = self.epoch()
+        while self.epoch() == start:
+            yield self.step_indices()

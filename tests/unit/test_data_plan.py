@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from torchft_pg.data import ExactlyOnceBatchSampler
 from torchft_pg.data_plan import BatchMode, DataPlan
 
 
@@ -140,3 +141,53 @@ def test_a_rank_outside_the_step_is_refused_naming_it() -> None:
         plan.slice(consumed=0, participants=2, participant_rank=0, group_rank=-1)
     with pytest.raises(TypeError, match="mode must be a BatchMode"):
         DataPlan(dataset_size=5, group_world_size=1, mode="group", batch_size=1)  # type: ignore[arg-type]
+
+
+class _Job:
+    """The counters a Manager agrees on, stepped by hand: `participants` groups
+    take part, this group is `rank` among them (None: it heals into the step)."""
+
+    def __init__(self) -> None:
+        self.step = self.batches = 0
+        self.participants = 1
+        self.rank: int | None = 0
+
+    def current_step(self) -> int:
+        return self.step
+
+    def batches_committed(self) -> int:
+        return self.batches
+
+    def num_participants(self) -> int:
+        return self.participants
+
+    def participating_rank(self) -> int | None:
+        return self.rank
+
+    def commit(self) -> None:
+        self.step += 1
+        self.batches += self.participants
+
+
+def test_the_batch_sampler_reads_the_managers_counters_and_iterates_one_epoch() -> None:
+    plan = DataPlan(dataset_size=20, group_world_size=2, batch_size=2, shuffle=False)
+    job = _Job()
+    ranks = [ExactlyOnceBatchSampler(plan, job, group_rank=g) for g in (0, 1)]
+    assert [r.step_indices() for r in ranks] == [[0, 1], [2, 3]]
+    job.commit()
+    job.participants, job.rank = 2, 1  # a second group joined; this one is second
+    assert [r.step_indices() for r in ranks] == [[8, 9], [10, 11]]
+    job.rank = None  # healing into the step: nothing to read
+    assert ranks[0].step_indices() == []
+    job.rank = 0
+    epoch = []
+    for batch in ranks[0]:  # one epoch: stops once the committed steps used sample 19
+        epoch.append(batch)
+        job.commit()
+        assert len(epoch) < 10
+    assert epoch == [[4, 5], [12, 13]]  # steps of 8 from sample 4: the second ends at 20
+    assert ranks[0].epoch() == 1
+    with pytest.raises(
+        ValueError, match=r"group_rank must be an int in \[0, plan.group_world_size = 2\), got 2"
+    ):
+        ExactlyOnceBatchSampler(plan, job, group_rank=2)
