@@ -153,12 +153,8 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
         rank = self.manager.participating_rank()  # waits for the step's quorum
         if rank is None:
             return []
-        consumed = self.plan.consumed(
-            batches_committed=self.manager.batches_committed(),
-            committed_steps=self.manager.current_step(),
-        )
         part = self.plan.slice(
-            consumed=consumed,
+            consumed=self._consumed(),
             participants=self.manager.num_participants(),
             participant_rank=rank,
             group_rank=self.group_rank,
@@ -167,11 +163,13 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
 
     def epoch(self) -> int:
         """The epoch the job's data stream is in (after the committed steps)."""
-        return self.plan.epoch_of(
-            self.plan.consumed(
-                batches_committed=self.manager.batches_committed(),
-                committed_steps=self.manager.current_step(),
-            )
+        return self.plan.epoch_of(self._consumed())
+
+    def _consumed(self) -> int:
+        """Stream samples the job's committed steps used, from the Manager's counters."""
+        return self.plan.consumed(
+            batches_committed=self.manager.batches_committed(),
+            committed_steps=self.manager.current_step(),
         )
 
     def __iter__(self) -> Iterator[list[int]]:
