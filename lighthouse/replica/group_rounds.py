@@ -1,7 +1,7 @@
 """``GroupRounds``: the manager server gathers its group's ranks into one lighthouse call.
 
 The replica group's side of each quorum round and commit vote, the state both
-transports share. (Not to be confused with ``torchft_pg.quorum_round``'s
+transports share. (Not to be confused with ``torchft_pg.manager.quorum_round``'s
 ``QuorumRound``: one rank's round in its Manager, whose request arrives here.)
 
 Every rank of the replica group sends one quorum request per step; the round

@@ -141,7 +141,7 @@ def test_bind_host_keeps_a_managers_servers_on_loopback(monkeypatch: pytest.Monk
 
     from lighthouse import LighthouseServer
     from torchft_pg import Manager, ProcessGroupGloo
-    from torchft_pg.manager_setup import MANAGER_ADDR_KEY
+    from torchft_pg.manager.group_server import MANAGER_ADDR_KEY
 
     monkeypatch.setenv("TORCHFT_BIND_HOST", "127.0.0.1")
     with LighthouseServer(bind="127.0.0.1:0", min_replicas=1) as lh:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.unit.manager_fakes import make, result
-from torchft_pg.config import ManagerConfig
+from torchft_pg.manager.config import ManagerConfig
 
 ENV = {"MASTER_PORT": "29500"}
 

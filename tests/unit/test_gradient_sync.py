@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch._C._distributed_c10d import ReduceOp
 
-from torchft_pg.gradient_sync import SpareBuffers, check_allreduce, quantized_sum
+from torchft_pg.manager.gradient_sync import SpareBuffers, check_allreduce, quantized_sum
 from torchft_pg.process_group.dummy import ProcessGroupDummy
 from torchft_pg.quantization import Quantization
 

@@ -17,7 +17,7 @@ from lighthouse.replica.group_rounds import group_heal
 from lighthouse.types import HealReport
 from tests.unit.manager_fakes import FakeTransport, make, result
 from torchft_pg.checkpointing import InProcessHub, InProcessTransport
-from torchft_pg.heal import tensor_bytes
+from torchft_pg.manager.heal import tensor_bytes
 
 T = timedelta(seconds=5)
 

@@ -52,7 +52,13 @@ Rules:
    torchft_pg module outside the package imports one of its modules: only the
    package itself (its ``__init__``, the public face).
 
-Rules 1-4 and 6 count type-only edges too: they are about which way the code
+7. The Manager is a package, ``torchft_pg.manager``, whose ``__init__`` is the
+   facade (``Manager``, torchft's import path) over one module per concern
+   (its parts). A part never imports the facade: the parts share a
+   ``StepState`` instead of calling back into their owner. No torchft_pg
+   module outside the package imports a part: only the facade.
+
+Rules 1-4, 6 and 7 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
@@ -334,3 +340,22 @@ def test_the_lighthouse_module_a_process_group_may_reach_imports_only_the_stdlib
     init = [e for e in EDGES if e.importer == "lighthouse"]
     assert any(e.type_only for e in init)  # the names type checkers see
     assert [str(e) for e in init if not e.type_only and not _is_stdlib(e.target)] == []
+
+
+MANAGER = "torchft_pg.manager"
+
+
+def test_the_managers_parts_never_import_its_facade() -> None:
+    parts = [name for name in MODULES if _under(name, MANAGER) and name != MANAGER]
+    assert f"{MANAGER}.step_state" in parts and len(parts) >= 10
+    bad = [str(e) for e in EDGES if e.importer in parts and e.target == MANAGER]
+    assert bad == []
+
+
+def test_only_the_manager_package_itself_is_imported_from_outside_it() -> None:
+    bad = [
+        str(e)
+        for e in EDGES
+        if _under(e.target, MANAGER) and e.target != MANAGER and not _under(e.importer, MANAGER)
+    ]
+    assert bad == []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchft_pg.launcher_watch import should_watch
+from torchft_pg.manager.launcher_watch import should_watch
 
 
 @pytest.mark.parametrize(

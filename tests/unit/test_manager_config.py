@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchft_pg.config import ManagerConfig
-from torchft_pg.manager_setup import manager_bind
+from torchft_pg.manager.config import ManagerConfig
+from torchft_pg.manager.group_server import manager_bind
 
 ENV = {"MASTER_PORT": "29500", "TORCHFT_LIGHTHOUSE": "lh:29510"}
 

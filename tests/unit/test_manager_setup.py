@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchft_pg.manager_setup import advertised_store_addr
+from torchft_pg.manager.group_server import advertised_store_addr
 
 
 @pytest.mark.parametrize("loopback", ["localhost", "LOCALHOST", "127.0.0.1", "127.0.1.1", "::1"])

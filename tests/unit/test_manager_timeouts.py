@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from torchft_pg.config import ManagerTimeouts, timeout_order_warnings, unsupported_variables
+from torchft_pg.manager.config import ManagerTimeouts, timeout_order_warnings, unsupported_variables
 
 S = timedelta(seconds=1)
 ARGS: dict[str, Any] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lighthouse import QuorumResult
-from torchft_pg.participation import Participation, WorldSizeMode, local_vote, participation
+from torchft_pg.manager.participation import Participation, WorldSizeMode, local_vote, participation
 
 
 def _result(*, replica_rank: int, world: int, max_rank: int | None, max_world: int) -> QuorumResult:

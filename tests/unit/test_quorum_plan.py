@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from lighthouse import QuorumResult
-from torchft_pg.participation import Participation, WorldSizeMode
-from torchft_pg.quorum_plan import QuorumPlan, configure_address, plan_quorum
+from torchft_pg.manager.participation import Participation, WorldSizeMode
+from torchft_pg.manager.quorum_plan import QuorumPlan, configure_address, plan_quorum
 
 
 def _result(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from torchft_pg.step_counters import StepCounters, checked_counters
+from torchft_pg.manager.step_counters import StepCounters, checked_counters
 
 
 def test_a_commit_counts_a_step_and_its_participants() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lighthouse import FakeClock
-from torchft_pg.waiting import WaitReport
+from torchft_pg.manager.waiting import WaitReport
 
 
 def test_a_wait_is_said_at_once_then_every_period_then_once_when_over() -> None:

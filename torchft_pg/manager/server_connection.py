@@ -1,6 +1,6 @@
 """One rank's live connection to its replica group's manager server.
 
-`manager_setup.connect_replica_group` finds the server (rank 0 starts it);
+`group_server.connect_replica_group` finds the server (rank 0 starts it);
 `ServerConnection` runs that in the background, holds the client it returns,
 subscribes to the lighthouse's failure notices through it and closes it all
 at shutdown. A connection given a ready client (unit tests' fakes) only
@@ -11,49 +11,38 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 from lighthouse import (
-    FailureNotice,
     FailureSubscriptionProtocol,
     ManagerClientProtocol,
     ManagerServer,
 )
-from torchft_pg.config import ManagerConfig
-from torchft_pg.manager_setup import connect_replica_group
+from torchft_pg.manager.config import ManagerConfig
+from torchft_pg.manager.group_server import connect_replica_group
+from torchft_pg.manager.notices import NoticeRouter
+from torchft_pg.manager.step_state import StepState
 from torchft_pg.process_group.base import ProcessGroup
 
 __all__ = ["ServerConnection"]
 
-# The Manager's logger: the connection's lines are the Manager's, as they always were.
-logger = logging.getLogger("torchft_pg.manager")
+logger = logging.getLogger(__name__)
 
 
 class ServerConnection:
     """The client of this group's manager server, once connected.
 
-    `replica_id` is the group's name; connecting gives it its incarnation
-    suffix. `on_notice` receives each failure notice (on the notice stream's
-    thread); `tag` names replica, rank, step and quorum for log lines.
+    Connecting gives the group's name, `state.replica_id`, its incarnation
+    suffix. Each failure notice goes to `notices` (on the notice stream's
+    thread).
     """
 
-    def __init__(
-        self,
-        *,
-        pg: ProcessGroup,
-        group_rank: int,
-        replica_id: str,
-        on_notice: Callable[[FailureNotice], None],
-        tag: Callable[[], str],
-    ) -> None:
+    def __init__(self, *, state: StepState, pg: ProcessGroup, notices: NoticeRouter) -> None:
+        self._state = state
         self._pg = pg
-        self._group_rank = group_rank
-        self.replica_id = replica_id
-        self._on_notice = on_notice
-        self._tag = tag
+        self._notices = notices
         self._server: ManagerServer | None = None  # rank 0's, once started
         self._client: ManagerClientProtocol | None = None  # set once connected
         self._subscription: FailureSubscriptionProtocol | None = None
@@ -86,8 +75,10 @@ class ServerConnection:
         try:
             self._pg.wait_started(connect_timeout)
         except Exception as e:  # the first configure starts afresh and reports its own error
-            logger.warning("replica %s: process group start-up failed: %s", self.replica_id, e)
-        client, self.replica_id, self._server = connect_replica_group(
+            logger.warning(
+                "replica %s: process group start-up failed: %s", self._state.replica_id, e
+            )
+        client, self._state.replica_id, self._server = connect_replica_group(
             config, config.hostname, heartbeat_interval, connect_timeout, retries
         )
         self.use(client)
@@ -96,11 +87,13 @@ class ServerConnection:
         """Talk through `client` and subscribe to failure notices through it."""
         self._client = client
         self._subscription = client.subscribe_failures(
-            self._on_notice, group_rank=self._group_rank, on_error=self._on_watch_error
+            self._notices.on_notice,
+            group_rank=self._state.group_rank,
+            on_error=self._on_watch_error,
         )
 
     def _on_watch_error(self, e: Exception) -> None:
-        logger.warning("%s failure-notice stream broke: %s", self._tag(), e)
+        logger.warning("%s failure-notice stream broke: %s", self._state.tag(), e)
 
     def lighthouse_wait(self) -> str | None:
         """Why the lighthouse holds this group's quorum request, as it last told the

@@ -16,46 +16,29 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from lighthouse import FailureNotice
 from torchft_pg.errors import ProcessGroupError
 from torchft_pg.futures import ProxyFuture
+from torchft_pg.manager.step_state import StepState
 from torchft_pg.process_group.base import ProcessGroup
 
-__all__ = ["NoticeRouter", "StepView"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepView:
-    """What a notice is compared with: the rank's quorum, its members and its step."""
-
-    epoch: str
-    quorum_id: int
-    participants: frozenset[str]
-    step: int
+__all__ = ["NoticeRouter"]
 
 
 class NoticeRouter:
     """Fails the collectives of the step a notice concerns; holds early ones.
 
-    `lock` is the Manager's lock under which the group and the quorum id it is
-    recorded under change together; `current` reads them (called under it).
+    A notice is compared with `state`'s view of the step, read under its
+    `pg_lock` (the lock under which the group and the quorum it is configured
+    for change together); a notice that concerns the step fails it there.
     """
 
-    def __init__(
-        self,
-        pg: ProcessGroup,
-        report_error: Callable[[Exception], None],
-        current: Callable[[], StepView],
-        lock: threading.Lock,
-    ) -> None:
+    def __init__(self, pg: ProcessGroup, state: StepState) -> None:
         self._pg = pg
-        self._report_error = report_error
-        self._current = current
-        self.lock = lock
+        self._state = state
         self._inflight: set[ProxyFuture[Any]] = set()
         self._inflight_lock = threading.Lock()
         self._held: list[FailureNotice] = []  # arrived while a quorum was forming
@@ -91,12 +74,12 @@ class NoticeRouter:
 
     def quorum_requested(self) -> None:
         """A new quorum is being formed: hold notices until `quorum_taken_locked`."""
-        with self.lock:
+        with self._state.pg_lock:
             self._held = []  # left over only from a round that failed
             self._quorum_taken = False
 
     def quorum_taken_locked(self) -> None:
-        """The step's quorum is taken: apply the held notices (caller holds `lock`)."""
+        """The step's quorum is taken: apply the held notices (caller holds the state's `pg_lock`)."""
         self._quorum_taken = True
         held, self._held = self._held, []
         for notice in held:
@@ -105,7 +88,7 @@ class NoticeRouter:
     def quorum_failed(self) -> None:
         """The quorum failed: later notices apply at once; the held ones are dropped
         at the next `quorum_requested`."""
-        with self.lock:
+        with self._state.pg_lock:
             self._quorum_taken = True
 
     @contextlib.contextmanager
@@ -128,14 +111,14 @@ class NoticeRouter:
                     f"replica(s) {sorted(dead_members)} died: {notice.reason}"
                 )
                 return
-        with self.lock:
+        with self._state.pg_lock:
             if self._quorum_taken:
                 self._apply_locked(notice)
             else:
                 self._held.append(notice)
 
     def _apply_locked(self, notice: FailureNotice) -> None:
-        view = self._current()
+        view = self._state.step_view()
         if (notice.epoch, notice.quorum_id) != (view.epoch, view.quorum_id):
             return
         if notice.step is not None and notice.step != view.step:
@@ -147,7 +130,7 @@ class NoticeRouter:
         error = ProcessGroupError(
             f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
         )
-        self._report_error(error)
+        self._state.report_error(error)
         with self._inflight_lock:
             inflight = list(self._inflight)
         for proxy in inflight:

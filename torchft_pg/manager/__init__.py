@@ -13,8 +13,10 @@ everywhere and the next quorum rebuilds the group. When the lighthouse reports
 a dead peer, in-flight collectives are completed at once (their tensors left
 as they were) instead of waiting for the collective timeout.
 
-The Manager is a facade: it owns the step's failure state (`report_error`,
-`errored`) and delegates the rest, each concern to one module:
+This package's face is the `Manager`, a facade over one module per concern.
+The parts share one `step_state.StepState` (what the rank knows about its
+step: quorum, participation, healing, the step's first failure, counters)
+instead of calling back into the Manager:
 
 * `quorum_round.QuorumRound` (+ `QuorumTimings`): the quorum request, its
   result, reconfiguring the process group and sequencing the heal;
@@ -26,15 +28,17 @@ The Manager is a facade: it owns the step's failure state (`report_error`,
 * `participation` (pure): who takes part and how votes count;
 * `heal.Healer`: moving state to a replica that is behind;
 * `notices.NoticeRouter`: the lighthouse's failure notices → the step they concern;
-* `manager_setup` (finding the manager server) and
-  `server_connection.ServerConnection` (connecting in the background, the
-  notice subscription, closing).
+* `group_server` (rank 0 starts the group's manager server, every rank finds
+  it) and `server_connection.ServerConnection` (connecting in the
+  background, the notice subscription, closing);
+* `config` (arguments and torchft's environment variables → typed settings),
+  `waiting` (the stall warnings' cadence), `launcher_watch` (leave when
+  torchrun dies).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,30 +52,30 @@ from torch.futures import Future
 from lighthouse import ManagerClient, ManagerClientProtocol
 from torchft_pg._torch_internals import default_group_timeout
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport
-from torchft_pg.commit_vote import CommitVote
-from torchft_pg.config import (
+from torchft_pg.errors import ExceptionWithTraceback
+from torchft_pg.futures import ProxyFuture
+from torchft_pg.manager.commit_vote import CommitVote
+from torchft_pg.manager.config import (
     ManagerConfig,
     ManagerTimeouts,
     timeout_order_warnings,
     unsupported_variables,
 )
-from torchft_pg.errors import ExceptionWithTraceback
-from torchft_pg.futures import ProxyFuture
-from torchft_pg.gradient_sync import GradientSync
-from torchft_pg.heal import Healer
-from torchft_pg.launcher_watch import should_watch, watch_launcher
-from torchft_pg.manager_setup import MANAGER_ADDR_KEY, REPLICA_ID_KEY
-from torchft_pg.notices import NoticeRouter
-from torchft_pg.participation import WorldSizeMode
+from torchft_pg.manager.gradient_sync import GradientSync
+from torchft_pg.manager.group_server import MANAGER_ADDR_KEY, REPLICA_ID_KEY
+from torchft_pg.manager.heal import Healer
+from torchft_pg.manager.launcher_watch import should_watch, watch_launcher
+from torchft_pg.manager.notices import NoticeRouter
+from torchft_pg.manager.participation import WorldSizeMode
+from torchft_pg.manager.quorum_round import QuorumRound, QuorumTimings
+from torchft_pg.manager.server_connection import ServerConnection
+from torchft_pg.manager.step_state import StepState
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
 from torchft_pg.quantization import Quantization
-from torchft_pg.quorum_round import QuorumRound, QuorumTimings
-from torchft_pg.server_connection import ServerConnection
-from torchft_pg.step_counters import StepCounters
 
 __all__ = ["MANAGER_ADDR_KEY", "REPLICA_ID_KEY", "Manager", "QuorumTimings", "WorldSizeMode"]
-# WorldSizeMode (torchft_pg.participation) and QuorumTimings (torchft_pg.quorum_round)
+# WorldSizeMode (torchft_pg.manager.participation) and QuorumTimings (torchft_pg.manager.quorum_round)
 # are re-exported here: torchft's import path.
 
 logger = logging.getLogger(__name__)
@@ -156,12 +160,6 @@ class Manager:
         self._use_async_quorum = use_async_quorum  # read by semisync.diloco too
         self._timeout = timeout
         self._quorum_timeout = quorum_timeout
-        # The group and the quorum id it is recorded under change together, under this lock.
-        self._pg_lock = threading.Lock()
-        # What notices compare with is the round's, which is built after the router.
-        self._notices = NoticeRouter(
-            pg, self.report_error, lambda: self._round.step_view(), self._pg_lock
-        )
         self._connect_manager = connect_manager or (
             lambda addr: ManagerClient(addr, connect_timeout)
         )
@@ -181,11 +179,13 @@ class Manager:
                 hostname=hostname,
             )
             hostname = config.hostname
-            self._group_rank = config.rank
+            group_rank = config.rank
             replica_id = config.replica_id  # gets its incarnation suffix once connected
         else:
-            self._group_rank = rank if rank is not None else 0
+            group_rank = rank if rank is not None else 0
             replica_id = replica_id or "replica"
+        self._state = StepState(group_rank=group_rank, replica_id=replica_id)
+        self._notices = NoticeRouter(pg, self._state)
         self._healer = Healer(
             checkpoint_transport
             or HTTPTransport(
@@ -196,51 +196,38 @@ class Manager:
                 advertise_host=hostname,
             ),
             self._connect_manager,
-            self._group_rank,
+            group_rank,
             timeout,
         )
         if load_state_dict is not None and state_dict is not None:
             self._healer.states.register("default", load_state_dict, state_dict)
-        self._connection = ServerConnection(
-            pg=pg,
-            group_rank=self._group_rank,
-            replica_id=replica_id,
-            on_notice=self._notices.on_notice,
-            tag=self._tag,
-        )
-        self._counters = StepCounters()
-        self._errored: ExceptionWithTraceback | None = None  # this step's first failure
+        self._connection = ServerConnection(state=self._state, pg=pg, notices=self._notices)
+        self._counters = self._state.counters
         self._round = QuorumRound(
+            state=self._state,
             pg=pg,
-            pg_lock=self._pg_lock,
             notices=self._notices,
             healer=self._healer,
+            connection=self._connection,
             executor=self._executor,
-            counters=self._counters,
-            group_rank=self._group_rank,
             use_async_quorum=use_async_quorum,
             world_size_mode=world_size_mode,
             min_replica_size=min_replica_size,
             init_sync=init_sync,
             clock=clock,
-            report_error=self.report_error,
-            tag=self._tag,
-            lighthouse_wait=self._connection.lighthouse_wait,
         )
-        self._gradients = GradientSync(pg, self._notices, timeout, self)
+        self._gradients = GradientSync(
+            state=self._state, pg=pg, notices=self._notices, round=self._round, timeout=timeout
+        )
         self._vote = CommitVote(
+            state=self._state,
             pg=pg,
             notices=self._notices,
             round=self._round,
-            counters=self._counters,
-            group_rank=self._group_rank,
+            connection=self._connection,
             min_replica_size=min_replica_size,
             max_retries=max_retries,
             timeout=timeout,
-            connect=self._connection.client,
-            errored=self.errored,
-            report_error=self.report_error,
-            tag=self._tag,
             clock=clock,
         )
         # Connecting last: failure notices may arrive as soon as it subscribes.
@@ -255,11 +242,11 @@ class Manager:
     @property
     def replica_id(self) -> str:
         """This replica group's id (with its incarnation suffix once connected)."""
-        return self._connection.replica_id
+        return self._state.replica_id
 
     @replica_id.setter
     def replica_id(self, replica_id: str) -> None:
-        self._connection.replica_id = replica_id
+        self._state.replica_id = replica_id
 
     # -- per-step protocol -------------------------------------------------------
     def start_quorum(
@@ -270,10 +257,8 @@ class Manager:
         Re-raises a failure of the previous quorum (e.g. QuorumTimeoutError).
         """
         self._round.wait_previous()
-        self._errored = None
-        self._round.start(
-            self._connection.client, allow_heal, shrink_only, timeout or self._quorum_timeout
-        )
+        self._state.begin_step()
+        self._round.start(allow_heal, shrink_only, timeout or self._quorum_timeout)
         if not self._use_async_quorum:
             self.wait_quorum()
             self._round.apply_pending_state()
@@ -314,15 +299,11 @@ class Manager:
     # -- errors ------------------------------------------------------------------
     def report_error(self, e: Exception) -> None:
         """Mark this step failed: later allreduces are skipped and the vote is no."""
-        if self._errored is None:
-            self._errored = (
-                e if isinstance(e, ExceptionWithTraceback) else ExceptionWithTraceback(e)
-            )
-            logger.warning("%s step failed: %s: %s", self._tag(), type(e).__name__, e)
+        self._state.report_error(e)
 
     def errored(self) -> ExceptionWithTraceback | None:
         """This step's first failure (the error is its `original_exception`), or None."""
-        return self._errored
+        return self._state.errored()
 
     def wrap_future(
         self, fut: Future[T], default: T, timeout: timedelta | None = None
@@ -344,19 +325,19 @@ class Manager:
     def num_participants(self) -> int:
         if self._round.started:
             self.wait_quorum()
-        return self._round.participation.world_size
+        return self._state.participation.world_size
 
     def participating_rank(self) -> int | None:
         if self._round.started:
             self.wait_quorum()
-        return self._round.participation.rank
+        return self._state.participation.rank
 
     def is_participating(self) -> bool:
-        return self.participating_rank() is not None and not self._round.healing
+        return self.participating_rank() is not None and not self._state.healing
 
     def quorum_id(self) -> tuple[str, int]:
         """(epoch, quorum id) of the group this rank is configured for."""
-        return self._round.epoch, self._round.quorum_id
+        return self._state.epoch, self._state.quorum_id
 
     def register_state_dict_fn(
         self, key: str, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]
@@ -400,10 +381,6 @@ class Manager:
     def last_quorum_timings(self) -> QuorumTimings | None:
         """Where the last finished `start_quorum` spent its time (None before one)."""
         return self._round.timings
-
-    def _tag(self) -> str:
-        step, epoch, quorum_id = self._counters.step, self._round.epoch, self._round.quorum_id
-        return f"[replica {self.replica_id} rank {self._group_rank} step {step} quorum {epoch}/{quorum_id}]"
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop background work, the transport, the PG and (rank 0) the manager server."""

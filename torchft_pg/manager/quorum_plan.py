@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lighthouse import QuorumResult
-from torchft_pg.participation import Participation, WorldSizeMode, participation
+from torchft_pg.manager.participation import Participation, WorldSizeMode, participation
 
 __all__ = ["QuorumPlan", "configure_address", "plan_quorum"]
 

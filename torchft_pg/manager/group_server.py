@@ -32,7 +32,7 @@ from lighthouse import (
     auth,
     exposure,
 )
-from torchft_pg.config import ManagerConfig
+from torchft_pg.manager.config import ManagerConfig
 
 __all__ = [
     "MANAGER_ADDR_KEY",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
@@ -43,21 +42,22 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from datetime import timedelta
 
-from lighthouse import ManagerClientProtocol, ManagerQuorumRequest, QuorumResult
+from lighthouse import ManagerQuorumRequest, QuorumResult
 from lighthouse.types import HealReport
 from torchft_pg.errors import RecoveryError
-from torchft_pg.heal import Healer
-from torchft_pg.notices import NoticeRouter, StepView
-from torchft_pg.participation import NOT_STARTED, Participation, WorldSizeMode
+from torchft_pg.manager.heal import Healer
+from torchft_pg.manager.notices import NoticeRouter
+from torchft_pg.manager.participation import WorldSizeMode
+from torchft_pg.manager.quorum_plan import QuorumPlan, plan_quorum
+from torchft_pg.manager.server_connection import ServerConnection
+from torchft_pg.manager.step_counters import checked_counters
+from torchft_pg.manager.step_state import StepState
+from torchft_pg.manager.waiting import WaitReport
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.quorum_plan import QuorumPlan, plan_quorum
-from torchft_pg.step_counters import StepCounters, checked_counters
-from torchft_pg.waiting import WaitReport
 
 __all__ = ["QuorumRound", "QuorumTimings"]
 
-# The Manager's logger: the round's lines are the Manager's, as they always were.
-logger = logging.getLogger("torchft_pg.manager")
+logger = logging.getLogger(__name__)
 
 WAIT_WARNING_S = 5.0  # a quorum awaited longer than this is logged at WARNING (s)
 
@@ -78,63 +78,47 @@ class QuorumTimings:
 
 
 class QuorumRound:
-    """Runs each step's quorum round for one rank and keeps what it decided.
+    """Runs each step's quorum round for one rank.
 
-    What a round decided is read by the Manager and written only here (and
-    `epoch`/`quorum_id`/`participants` only under `pg_lock`, where the group
-    changes with them): the (`epoch`, `quorum_id`) the group is configured
-    for and its members' replica ids (`participants`), this rank's
-    `participation`, whether it is `healing` this step, the last round's
-    `timings` and `step_time_ms`, the milliseconds between the last two
-    rounds' starts (sent with the request, for the lighthouse's dashboard).
+    What a round decides it writes to `state` (`epoch`, `quorum_id` and
+    `participants` under its `pg_lock`, where the group changes with them;
+    `participation`, `healing`, `step_time_ms`), and a failure it meets it
+    reports there (the step's vote becomes no). It keeps its own `timings`.
 
-    `executor` is the Manager's single quorum thread (blocking work of a round
-    runs there); `report_error` fails the step (its vote becomes no); `tag`
-    names replica, rank, step and quorum for log lines; `clock` (seconds)
-    measures `step_time_ms`.
+    `connection` is the group's manager server (the request goes through its
+    client; while a round waits, what the lighthouse said about it is read
+    there); `executor` is the Manager's single quorum thread (blocking work of
+    a round runs there); `clock` (seconds) measures `step_time_ms`.
     """
 
     def __init__(
         self,
         *,
+        state: StepState,
         pg: ProcessGroup,
-        pg_lock: threading.Lock,
         notices: NoticeRouter,
         healer: Healer,
+        connection: ServerConnection,
         executor: ThreadPoolExecutor,
-        counters: StepCounters,
-        group_rank: int,
         use_async_quorum: bool,
         world_size_mode: WorldSizeMode,
         min_replica_size: int,
         init_sync: bool,
         clock: Callable[[], float],
-        report_error: Callable[[Exception], None],
-        tag: Callable[[], str],
-        lighthouse_wait: Callable[[], str | None],
     ) -> None:
+        self._state = state
         self._pg = pg
-        self._pg_lock = pg_lock
         self._notices = notices
         self._healer = healer
+        self._connection = connection
         self._executor = executor
-        self._counters = counters
-        self._group_rank = group_rank
+        self._counters = state.counters
         self._use_async_quorum = use_async_quorum
         self._world_size_mode = world_size_mode
         self._min_replica_size = min_replica_size
         self._init_sync = init_sync
         self._clock = clock
-        self._report_error = report_error
-        self._tag = tag
-        self._lighthouse_wait = lighthouse_wait
-        self.epoch = ""
-        self.quorum_id = -1
-        self.participants: frozenset[str] = frozenset()
-        self.participation: Participation = NOT_STARTED
-        self.healing = False
         self.timings: QuorumTimings | None = None
-        self.step_time_ms = 0.0
         self._last_start: float | None = None  # clock seconds of the last round's start
         self._requested = 0.0  # perf_counter seconds when this round's request went out
         self._future: ThreadFuture[None] | None = None  # done once this round is taken
@@ -163,7 +147,7 @@ class QuorumRound:
         report = WaitReport(time.monotonic)
         period = WAIT_WARNING_S
         while not wait_futures([future], timeout=period).done:
-            said = self._lighthouse_wait()
+            said = self._connection.lighthouse_wait()
             line = report.waiting(
                 f"a quorum for step {self._counters.step}: "
                 + (
@@ -176,7 +160,7 @@ class QuorumRound:
             if line is not None:
                 logger.warning(
                     "%s %s (asked %.0f s ago)",
-                    self._tag(),
+                    self._state.tag(),
                     line,
                     time.perf_counter() - self._requested,
                 )
@@ -188,24 +172,18 @@ class QuorumRound:
         if self._future is not None:
             self._future.result()
 
-    def start(
-        self,
-        connect: Callable[[], ManagerClientProtocol],
-        allow_heal: bool,
-        shrink_only: bool,
-        timeout: timedelta,
-    ) -> None:
+    def start(self, allow_heal: bool, shrink_only: bool, timeout: timedelta) -> None:
         """Send this step's request (waiting up to `timeout` for the quorum) through
-        the client `connect` returns; the round finishes in the background."""
+        the manager server's client; the round finishes in the background."""
         now = self._clock()
         if self._last_start is not None:
-            self.step_time_ms = (now - self._last_start) * 1000.0
+            self._state.step_time_ms = (now - self._last_start) * 1000.0
         self._last_start = now
-        self.healing = False
+        self._state.healing = False
         self._deferred_heal = None
         self._counters.begin_quorum()
         self._notices.quorum_requested()
-        client = connect()
+        client = self._connection.client()
         self._requested = time.perf_counter()
         done: ThreadFuture[None] = ThreadFuture()
         self._future = done
@@ -222,14 +200,14 @@ class QuorumRound:
         It carries the latest heal's report, which is then cleared (sent once)."""
         heal, self._heal_report = self._heal_report, None
         return ManagerQuorumRequest(
-            group_rank=self._group_rank,
+            group_rank=self._state.group_rank,
             step=self._counters.step,
             checkpoint_metadata=self._healer.transport.metadata(),
             timeout=timeout,
             shrink_only=shrink_only,
             init_sync=self._init_sync,
             commit_failures=self._counters.commit_failures,
-            step_time_ms=self.step_time_ms,
+            step_time_ms=self._state.step_time_ms,
             heal=heal,
         )
 
@@ -254,8 +232,8 @@ class QuorumRound:
             return
         plan = plan_quorum(
             result,
-            configured=(self.epoch, self.quorum_id),
-            group_rank=self._group_rank,
+            configured=(self._state.epoch, self._state.quorum_id),
+            group_rank=self._state.group_rank,
             allow_heal=allow_heal,
             heals_in_background=self._use_async_quorum or not allow_heal,
             mode=self._world_size_mode,
@@ -272,7 +250,7 @@ class QuorumRound:
                 # Held notices take effect before the quorum is seen as taken, so a
                 # caller of wait_quorum() never sees a step the notice should fail.
                 # Under the lock: a notice arriving meanwhile is held, then applied.
-                with self._pg_lock:
+                with self._state.pg_lock:
                     self._notices.quorum_taken_locked()
                     done.set_result(None)
 
@@ -293,7 +271,7 @@ class QuorumRound:
         if configure_s is not None and plan.heals:
             if self._use_async_quorum:  # the training thread heals at the vote
                 self._deferred_heal = (result, plan, timeout)
-                self.healing = plan.receive_heal
+                self._state.healing = plan.receive_heal
                 if plan.receive_heal:
                     self._counters.healing_to = plan.heal_step
             else:
@@ -306,12 +284,12 @@ class QuorumRound:
         """This step's ranks from `plan`; on a new quorum, reconfigure the PG.
         Returns the seconds spent reconfiguring (0.0 for the same quorum), None
         if it failed (reported: this step votes no)."""
-        self.participation = plan.participation
+        self._state.participation = plan.participation
         if plan.configure_at is None:
             return 0.0
         logger.info(
             "%s new quorum %s/%s: %d replicas %s, reconfiguring at %s",
-            self._tag(),
+            self._state.tag(),
             result.epoch,
             result.quorum_id,
             result.replica_world_size,
@@ -323,15 +301,15 @@ class QuorumRound:
         try:
             with (
                 self._notices.configuring(result.epoch, result.quorum_id, members),
-                self._pg_lock,
+                self._state.pg_lock,
             ):
                 self._pg.configure(
                     plan.configure_at, result.replica_rank, result.replica_world_size
                 )
-                self.epoch, self.quorum_id = result.epoch, result.quorum_id
-                self.participants = members
+                self._state.epoch, self._state.quorum_id = result.epoch, result.quorum_id
+                self._state.participants = members
         except Exception as e:
-            self._report_error(e)
+            self._state.report_error(e)
             return None
         return time.perf_counter() - start
 
@@ -341,20 +319,20 @@ class QuorumRound:
             if plan.send_heal:
                 self._healer.send(result, self._counters.state_dict())
             if plan.receive_heal:
-                self.healing = True
+                self._state.healing = True
                 start = time.perf_counter()
                 self._counters.healed = checked_counters(self._healer.receive(result))
                 self._heal_report = self._healer.last_received
                 logger.info(
                     "%s healed to step %d from replica rank %s in %.3f s (%s bytes)",
-                    self._tag(),
+                    self._state.tag(),
                     self._counters.current_step(),
                     plan.heal_source,
                     time.perf_counter() - start,
                     None if self._heal_report is None else self._heal_report.bytes_received,
                 )
         except Exception as e:
-            self._report_error(RecoveryError(f"healing at step {plan.heal_step} failed: {e}"))
+            self._state.report_error(RecoveryError(f"healing at step {plan.heal_step} failed: {e}"))
 
     def heal_at_vote(self) -> None:
         """Asynchronous quorum: serve or receive this step's heal now, on the
@@ -376,8 +354,8 @@ class QuorumRound:
             try:
                 self._healer.apply_pending()
             except Exception as e:
-                self._report_error(RecoveryError(f"applying the healed state failed: {e}"))
-            self.healing = False
+                self._state.report_error(RecoveryError(f"applying the healed state failed: {e}"))
+            self._state.healing = False
 
     def settle_heal(self, committed: bool) -> dict[str, int] | None:
         """At the vote: stop serving heals; load a received state only if the group
@@ -399,18 +377,9 @@ class QuorumRound:
                 self._healer.apply_pending()
             except Exception as e:
                 raise RecoveryError(
-                    f"{self._tag()} the group committed a healed step but loading the "
+                    f"{self._state.tag()} the group committed a healed step but loading the "
                     f"healed state here failed: {e}"
                 ) from e
         self._healer.drop_pending()
-        self.healing = False
+        self._state.healing = False
         return healed
-
-    def step_view(self) -> StepView:
-        """What failure notices are compared with (read under `pg_lock`)."""
-        return StepView(
-            epoch=self.epoch,
-            quorum_id=self.quorum_id,
-            participants=self.participants,
-            step=self._counters.current_step(),
-        )

@@ -12,29 +12,20 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch._C._distributed_c10d import AllgatherOptions, ReduceOp, Work
 
-from torchft_pg.errors import ExceptionWithTraceback
 from torchft_pg.futures import ProxyFuture
-from torchft_pg.notices import NoticeRouter
+from torchft_pg.manager.notices import NoticeRouter
+from torchft_pg.manager.quorum_round import QuorumRound
+from torchft_pg.manager.step_state import StepState
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.quantization import Quantization, encode, sum_encoded
 from torchft_pg.work import ManagedWork, completed_work
 
-__all__ = ["GradientSync", "StepStatus", "check_allreduce", "quantized_sum"]
-
-
-class StepStatus(Protocol):
-    """The parts of the step an allreduce consults (the Manager implements it)."""
-
-    def errored(self) -> ExceptionWithTraceback | None: ...
-    def report_error(self, e: Exception) -> None: ...
-    def wait_quorum(self) -> None: ...
-    def is_participating(self) -> bool: ...
-    def num_participants(self) -> int: ...
+__all__ = ["GradientSync", "check_allreduce", "quantized_sum"]
 
 
 def check_allreduce(
@@ -129,19 +120,27 @@ class SpareBuffers:
 
 
 class GradientSync:
-    """Allreduces over the cross-replica group `pg` for the step `step` describes.
+    """Allreduces over the cross-replica group `pg` for the step `state` describes,
+    once `round` (the step's quorum) is taken.
 
     `timeout` bounds each allreduce; `notices` aborts the in-flight ones when
-    a failure notice concerns the step.
+    a failure notice concerns the step; a failure is reported to `state`.
     """
 
     def __init__(
-        self, pg: ProcessGroup, notices: NoticeRouter, timeout: timedelta, step: StepStatus
+        self,
+        *,
+        state: StepState,
+        pg: ProcessGroup,
+        notices: NoticeRouter,
+        round: QuorumRound,
+        timeout: timedelta,
     ) -> None:
+        self._state = state
         self._pg = pg
         self._notices = notices
+        self._round = round
         self._timeout = timeout
-        self._step = step
         self._spare = SpareBuffers()
 
     def allreduce(
@@ -154,16 +153,18 @@ class GradientSync:
         """See `Manager.allreduce`."""
         average = reduce_op == ReduceOp.AVG
         scheme = check_allreduce(tensor, reduce_op, should_quantize, quantization)
-        if self._step.errored() is not None:
+        if self._state.errored() is not None:
             return completed_work(tensor)
         try:
-            self._step.wait_quorum()
+            self._round.wait()
+            participation = self._state.participation
             # The backend reduces a private copy: an op a failure notice abandoned
             # may still complete later in the retired backend, and must then write
             # into nothing the caller reuses (DDP's buckets are reused every step).
             # The result reaches `tensor` only through `finish`, which an abort skips.
-            private = self._spare.copy_of(tensor, zero=not self._step.is_participating())
-            divisor = max(self._step.num_participants(), 1)
+            contributes = participation.rank is not None and not self._state.healing
+            private = self._spare.copy_of(tensor, zero=not contributes)
+            divisor = max(participation.world_size, 1)
             if scheme is not None:
                 work, reduced = quantized_sum(self._pg, private, scheme)
             else:
@@ -177,7 +178,7 @@ class GradientSync:
 
             source = work.get_future()
         except Exception as e:
-            self._step.report_error(e)
+            self._state.report_error(e)
             return completed_work(tensor)
 
         def finish(_: Any) -> torch.Tensor:
@@ -195,10 +196,10 @@ class GradientSync:
             return tensor
 
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
-            source, tensor, self._step.report_error, self._timeout, finish
+            source, tensor, self._state.report_error, self._timeout, finish
         )
         self._notices.track(proxy)
-        errored = self._step.errored()
+        errored = self._state.errored()
         if errored is not None:  # a failure notice raced with our submit
             proxy.abort(errored.original_exception)
         return ManagedWork(proxy)

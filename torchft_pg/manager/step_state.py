@@ -1,0 +1,100 @@
+"""The one object the Manager's parts share about the current step.
+
+The quorum round, the commit vote, the gradient sync, the notice router and
+the server connection each read or write part of what a rank knows about its
+step: which quorum the group is configured for and who is in it, this rank's
+participation, whether it heals, the step's first failure, its counters. They
+all hold the same `StepState` instead of calling back into the Manager, so
+what each part may touch is visible in one place:
+
+* the quorum round writes `epoch`, `quorum_id`, `participants` (under
+  `pg_lock`, together with the process group they describe), `participation`,
+  `healing` and `step_time_ms`;
+* any part reports a failure (`report_error`); the Manager clears it when a
+  new step starts (`begin_step`);
+* the server connection writes `replica_id` once it has its incarnation;
+* the counters (`StepCounters`) are moved by the round and the vote.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from torchft_pg.errors import ExceptionWithTraceback
+from torchft_pg.manager.participation import NOT_STARTED, Participation
+from torchft_pg.manager.step_counters import StepCounters
+
+__all__ = ["StepState", "StepView"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepView:
+    """What a failure notice is compared with: the rank's quorum, its members
+    and its step (read under `StepState.pg_lock`)."""
+
+    epoch: str
+    quorum_id: int
+    participants: frozenset[str]
+    step: int
+
+
+@dataclass(eq=False, kw_only=True)
+class StepState:
+    """What one rank knows about its current step; see the module docstring for
+    which part writes what.
+
+    `group_rank` is this rank in its replica group; `replica_id` the group's
+    name (with its incarnation suffix once connected). `pg_lock` is held while
+    the process group and the quorum it is configured for change together.
+    """
+
+    group_rank: int
+    replica_id: str
+    counters: StepCounters = field(default_factory=StepCounters)
+    pg_lock: threading.Lock = field(default_factory=threading.Lock)
+    epoch: str = ""
+    quorum_id: int = -1
+    participants: frozenset[str] = frozenset()
+    participation: Participation = NOT_STARTED
+    healing: bool = False
+    # Milliseconds between the starts of the last two quorum rounds (sent with the
+    # request, for the lighthouse's dashboard).
+    step_time_ms: float = 0.0
+    _error: ExceptionWithTraceback | None = field(default=None, repr=False)
+
+    # -- the step's failure --------------------------------------------------------
+    def begin_step(self) -> None:
+        """A new step starts: nothing has failed in it yet."""
+        self._error = None
+
+    def report_error(self, e: Exception) -> None:
+        """Mark this step failed (only its first failure is kept): later
+        allreduces are skipped and its vote is no."""
+        if self._error is None:
+            self._error = e if isinstance(e, ExceptionWithTraceback) else ExceptionWithTraceback(e)
+            logger.warning("%s step failed: %s: %s", self.tag(), type(e).__name__, e)
+
+    def errored(self) -> ExceptionWithTraceback | None:
+        """This step's first failure (the error is its `original_exception`), or None."""
+        return self._error
+
+    # -- what others read ------------------------------------------------------------
+    def tag(self) -> str:
+        """Replica, rank, step and quorum, the prefix of every Manager log line."""
+        return (
+            f"[replica {self.replica_id} rank {self.group_rank} step {self.counters.step} "
+            f"quorum {self.epoch}/{self.quorum_id}]"
+        )
+
+    def step_view(self) -> StepView:
+        """What failure notices are compared with (read it under `pg_lock`)."""
+        return StepView(
+            epoch=self.epoch,
+            quorum_id=self.quorum_id,
+            participants=self.participants,
+            step=self.counters.current_step(),
+        )
