@@ -4,8 +4,10 @@
 that follow those the job's committed steps used (`torchft_pg.data_plan`): a
 failed step's samples are drawn again, a group that heals continues where the
 job is, and while groups come and go no sample is skipped or repeated. The
-Manager's counters are its only state, so checkpointing the Manager
-(`manager.state_dict()`) checkpoints the data position too.
+Manager's counters are the data position, so checkpointing the Manager
+(`manager.state_dict()`) checkpoints the data position too; the sampler's own
+`state_dict()` holds the data plan, which a restart checks (same dataset, same
+order, same samples per counted batch) before resuming at the same sample.
 
 `DistributedSampler` (torchft's, lossy by design):
 
@@ -20,7 +22,7 @@ each group's position if skipping or repeating batches matters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
@@ -171,6 +173,32 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
             batches_committed=self.manager.batches_committed(),
             committed_steps=self.manager.current_step(),
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data plan as plain values (`DataPlan.to_state`), for a checkpoint.
+
+        Not the position: that is the Manager's counters, saved and restored
+        with the Manager's state. ``torchdata``'s ``StatefulDataLoader`` saves
+        this with its own state (a batch sampler with ``state_dict`` is not
+        fast-forwarded by replaying batches on load)."""
+        return self.plan.to_state()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Check that `state_dict` (this sampler's `state_dict()` before a restart)
+        resumes at the same sample with this sampler's plan; a ValueError names
+        each field that changed (`DataPlan.resume_conflicts`).
+
+        Nothing is restored here: restore the Manager (its step and
+        ``batches_committed``) and the next step reads the samples that follow
+        the checkpoint's committed steps."""
+        saved = DataPlan.from_state(state_dict)
+        conflicts = self.plan.resume_conflicts(saved)
+        if conflicts:
+            raise ValueError(
+                "the checkpoint's data plan does not resume at the same sample with this "
+                f"plan: {'; '.join(conflicts)}. Make the plan as the checkpoint did, or "
+                "do not load this state to accept another order of samples"
+            )
 
     def __iter__(self) -> Iterator[list[int]]:
         """One epoch: a step's indices per item, until the job's committed steps have
