@@ -4,54 +4,15 @@ counters give the position, the saved data plan is checked against the new one
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from typing import Any
 
 import pytest
-import torch
 
+from tests.unit.data_fakes import FakeJob, through_torch_save
 from torchft_pg.data import ExactlyOnceBatchSampler
 from torchft_pg.data_plan import BatchMode, DataPlan
-
-
-class FakeJob:
-    """The counters a Manager agrees on and restores from a checkpoint, stepped by
-    hand: `participants` groups take part, this group is `rank` among them."""
-
-    def __init__(self, step: int = 0, batches: int = 0) -> None:
-        self.step, self.batches = step, batches
-        self.participants = 1
-        self.rank: int | None = 0
-        self.rank_queries = 0
-
-    def current_step(self) -> int:
-        return self.step
-
-    def batches_committed(self) -> int:
-        return self.batches
-
-    def num_participants(self) -> int:
-        return self.participants
-
-    def participating_rank(self) -> int | None:
-        self.rank_queries += 1  # a real Manager waits for the step's quorum here
-        return self.rank
-
-    def commit(self) -> None:
-        self.step += 1
-        self.batches += self.participants
-
-    def manager_state(self) -> dict[str, int]:
-        return {"step": self.step, "batches_committed": self.batches}
-
-
-def through_torch_save(state: Any) -> Any:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)
 
 
 def plan(**changes: Any) -> DataPlan:
