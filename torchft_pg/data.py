@@ -1,4 +1,5 @@
-"""Samplers over replica groups: `ExactlyOnceBatchSampler` and torchft's `DistributedSampler`.
+"""Samplers over replica groups: `ExactlyOnceBatchSampler` (with its iterable
+form, `ExactlyOnceIterableDataset`) and torchft's `DistributedSampler`.
 
 `ExactlyOnceBatchSampler` gives each rank, every step, its part of the samples
 that follow those the job's committed steps used (`torchft_pg.data_plan`): a
@@ -8,6 +9,10 @@ Manager's counters are the data position, so checkpointing the Manager
 (`manager.state_dict()`) checkpoints the data position too; the sampler's own
 `state_dict()` holds the data plan, which a restart checks (same dataset, same
 order, same samples per counted batch) before resuming at the same sample.
+
+`ExactlyOnceIterableDataset` is the same plan for loaders built on an
+iterable dataset: it yields each step's samples themselves, read from a
+random-access source or from a stream that can be opened at an offset.
 
 `DistributedSampler` (torchft's, lossy by design):
 
@@ -22,16 +27,23 @@ each group's position if skipping or repeating batches matters.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch.distributed as dist
 from torch.utils import data
 
 from torchft_pg.data_plan import DataPlan
 
-__all__ = ["CommittedCounters", "DistributedSampler", "ExactlyOnceBatchSampler"]
+__all__ = [
+    "CommittedCounters",
+    "DistributedSampler",
+    "ExactlyOnceBatchSampler",
+    "ExactlyOnceIterableDataset",
+    "SampleSequence",
+]
 
+T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -206,3 +218,136 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
         start = self.epoch()
         while self.epoch() == start:
             yield self.step_indices()
+
+
+class SampleSequence(Protocol[T_co]):
+    """A random-access source of samples: ``len()`` of them, sample ``i`` by
+    ``source[i]`` (a map-style dataset, a list, a memory-mapped token array's
+    windows)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> T_co: ...
+
+
+class ExactlyOnceIterableDataset(data.IterableDataset[list[T]], Generic[T]):
+    """This rank's samples for each step, as an iterable dataset: one item per
+    step, the list of samples `ExactlyOnceBatchSampler` picks (``[]`` when this
+    group does not take part in the step).
+
+    For loaders built on an ``IterableDataset`` (torchtitan's are), where a batch
+    sampler has no place. Give exactly one source:
+
+    - ``samples``: random access (`SampleSequence`), ``len(samples)`` equal to
+      ``plan.dataset_size``; any plan, shuffled or not;
+    - ``open_at``: ``open_at(offset)`` returns the dataset's samples from
+      ``offset`` on, in the dataset's order (a reader that seeks: a file at a
+      byte offset, a tokenized shard at a sequence number). The plan must not
+      shuffle, since the stream's order is the order; shuffle the stream itself
+      the same way on every run instead. A step's samples are contiguous, so a
+      rank opens the stream about once per step (each rank's part of a step
+      lies elsewhere in the stream than its previous part) and reads on while
+      its next sample is the stream's next; ``open_at`` must be a seek, not a
+      replay from the start.
+
+    Iterating gives steps until the job's committed steps reach the next epoch,
+    or forever with ``infinite=True``. Each item waits for the step's quorum, so
+    take one per step after ``manager.start_quorum()``; with a ``DataLoader``
+    use ``batch_size=None`` (an item is already the batch), a ``collate_fn``
+    such as ``default_collate``, and ``num_workers=0`` (a worker process cannot
+    read this step's quorum; one is refused).
+
+    `state_dict()` / `load_state_dict()` are the batch sampler's: the data plan,
+    checked on load; the position comes from the restored Manager.
+    """
+
+    def __init__(
+        self,
+        plan: DataPlan,
+        manager: CommittedCounters,
+        group_rank: int,
+        *,
+        samples: SampleSequence[T] | None = None,
+        open_at: Callable[[int], Iterable[T]] | None = None,
+        infinite: bool = False,
+    ) -> None:
+        self.batch_sampler = ExactlyOnceBatchSampler(plan, manager, group_rank)
+        if (samples is None) == (open_at is None):
+            raise TypeError(
+                "ExactlyOnceIterableDataset needs exactly one source: samples (random access) "
+                "or open_at (a stream opened at an offset)"
+            )
+        if samples is not None and len(samples) != plan.dataset_size:
+            raise ValueError(
+                f"len(samples) must be plan.dataset_size = {plan.dataset_size}, got {len(samples)}"
+            )
+        if open_at is not None and plan.shuffle:
+            raise ValueError(
+                "open_at reads the dataset in its own order, so the plan must not shuffle: "
+                "make it with shuffle=False (and shuffle the stream itself, the same way "
+                "on every run), or give samples for random access"
+            )
+        if not isinstance(infinite, bool):
+            raise ValueError(f"infinite must be a bool, got {infinite!r}")
+        self.samples = samples
+        self.open_at = open_at
+        self.infinite = infinite
+        self._stream: Iterator[T] | None = None
+        self._stream_opened_at = 0  # the offset `open_at` was last called with
+        self._stream_offset = 0  # the offset of the sample `_stream` yields next
+
+    @property
+    def plan(self) -> DataPlan:
+        return self.batch_sampler.plan
+
+    def step_samples(self) -> list[T]:
+        """This rank's samples for the step whose quorum was started last."""
+        offsets = self.batch_sampler.step_indices()
+        if self.samples is not None:
+            return [self.samples[i] for i in offsets]
+        return [self._read_at(offset) for offset in offsets]
+
+    def epoch(self) -> int:
+        """The epoch the job's data stream is in (after the committed steps)."""
+        return self.batch_sampler.epoch()
+
+    def _read_at(self, offset: int) -> T:
+        """Sample `offset` of the stream: the open stream's next one when it is
+        there, else from a stream opened at `offset`."""
+        assert self.open_at is not None
+        if self._stream is None or self._stream_offset != offset:
+            self._stream = iter(self.open_at(offset))
+            self._stream_opened_at = self._stream_offset = offset
+        try:
+            sample = next(self._stream)
+        except StopIteration:
+            self._stream = None
+            raise ValueError(
+                f"open_at({self._stream_opened_at}) ended after "
+                f"{offset - self._stream_opened_at} samples, before offset {offset}; "
+                f"the plan's dataset has {self.plan.dataset_size}"
+            ) from None
+        self._stream_offset = offset + 1
+        return sample
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data plan as plain values (`ExactlyOnceBatchSampler.state_dict`)."""
+        return self.batch_sampler.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Check the checkpoint's plan against this one
+        (`ExactlyOnceBatchSampler.load_state_dict`); the open stream is dropped,
+        so the next step opens it where the restored counters say."""
+        self.batch_sampler.load_state_dict(state_dict)
+        self._stream = None
+
+    def __iter__(self) -> Iterator[list[T]]:
+        """A step's samples per item: one epoch (see `ExactlyOnceBatchSampler`), or
+        every step with ``infinite``."""
+        if data.get_worker_info() is not None:
+            raise RuntimeError(
+                "ExactlyOnceIterableDataset reads each step's quorum from the Manager, "
+                "which a DataLoader worker process does not have: use num_workers=0"
+            )
+        start = self.epoch()
+        while self.infinite or self.epoch() == start:
+            yield self.step_samples()
