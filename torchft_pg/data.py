@@ -129,6 +129,15 @@ class DistributedSampler(data.distributed.DistributedSampler[T_co]):
         )
 
 
+def _saved_counter(state: Mapping[str, Any], key: str) -> int:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"an ExactlyOnceBatchSampler state's {key!r} must be an int >= 0, got {value!r}"
+        )
+    return value
+
+
 class CommittedCounters(Protocol):
     """What `ExactlyOnceBatchSampler` reads of the Manager (``torchft_pg.Manager``
     implements it): the agreed counters and this step's participation."""
@@ -161,12 +170,16 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
         self.group_rank = _index(
             "group_rank", group_rank, "plan.group_world_size", plan.group_world_size
         )
+        # The Manager's (step, batches_committed) in the state last loaded, until
+        # a step this group takes part in has checked the Manager was restored.
+        self._loaded_at: tuple[int, int] | None = None
 
     def step_indices(self) -> list[int]:
         """This rank's indices for the step whose quorum was started last."""
         rank = self.manager.participating_rank()  # waits for the step's quorum
         if rank is None:
             return []
+        self._check_manager_restored()
         part = self.plan.slice(
             consumed=self._consumed(),
             participants=self.manager.num_participants(),
@@ -187,23 +200,44 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The data plan as plain values (`DataPlan.to_state`), for a checkpoint.
+        """For a checkpoint: the data plan as plain values (`DataPlan.to_state`)
+        under ``"plan"``, and the Manager's ``"step"`` and ``"batches_committed"``
+        when saved.
 
-        Not the position: that is the Manager's counters, saved and restored
-        with the Manager's state. ``torchdata``'s ``StatefulDataLoader`` saves
-        this with its own state (a batch sampler with ``state_dict`` is not
-        fast-forwarded by replaying batches on load)."""
-        return self.plan.to_state()
+        The position is not restored from it: that is the Manager's counters,
+        saved and restored with the Manager's state. The counters here only
+        let the first step after a load refuse a Manager that was not restored.
+        ``torchdata``'s ``StatefulDataLoader`` saves this with its own state (a
+        batch sampler with ``state_dict`` is not fast-forwarded by replaying
+        batches on load)."""
+        return {
+            "plan": self.plan.to_state(),
+            "step": self.manager.current_step(),
+            "batches_committed": self.manager.batches_committed(),
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Check that `state_dict` (this sampler's `state_dict()` before a restart)
         resumes at the same sample with this sampler's plan; a ValueError names
-        each field that changed (`DataPlan.resume_conflicts`).
+        each field that changed (`DataPlan.resume_conflicts`) or a key that is
+        missing or ill-typed.
 
         Nothing is restored here: restore the Manager (its step and
-        ``batches_committed``) and the next step reads the samples that follow
-        the checkpoint's committed steps."""
-        saved = DataPlan.from_state(state_dict)
+        ``batches_committed``), in either order, and the next step reads the
+        samples that follow the checkpoint's committed steps. If the first step
+        this group takes part in after the load finds the Manager at step 0
+        while the checkpoint was saved later, it raises a RuntimeError rather
+        than start the data again from its first sample."""
+        if not isinstance(state_dict, Mapping) or "plan" not in state_dict:
+            raise ValueError(
+                "an ExactlyOnceBatchSampler state must be a mapping with a 'plan' (its "
+                f"state_dict()), got {state_dict!r}"
+            )
+        saved_at = (
+            _saved_counter(state_dict, "step"),
+            _saved_counter(state_dict, "batches_committed"),
+        )
+        saved = DataPlan.from_state(state_dict["plan"])
         conflicts = self.plan.resume_conflicts(saved)
         if conflicts:
             raise ValueError(
@@ -211,6 +245,23 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
                 f"plan: {'; '.join(conflicts)}. Make the plan as the checkpoint did, or "
                 "do not load this state to accept another order of samples"
             )
+        self._loaded_at = saved_at if saved_at != (0, 0) else None
+
+    def _check_manager_restored(self) -> None:
+        """After a load, at the first step this group takes part in: a Manager
+        still at step 0 when the checkpoint was saved later was not restored."""
+        if self._loaded_at is None:
+            return
+        step, batches = self._loaded_at
+        if self.manager.current_step() == 0 and self.manager.batches_committed() == 0:
+            raise RuntimeError(
+                "the data state was loaded from a checkpoint saved at step "
+                f"{step} (batches_committed {batches}), but the Manager is at step 0: "
+                "restore it too (manager.load_state_dict(state saved from "
+                "manager.state_dict())), or the data would start again from its first "
+                "sample"
+            )
+        self._loaded_at = None
 
     def __iter__(self) -> Iterator[list[int]]:
         """One epoch: a step's indices per item, until the job's committed steps have
@@ -330,7 +381,7 @@ class ExactlyOnceIterableDataset(data.IterableDataset[list[T]], Generic[T]):
         return sample
 
     def state_dict(self) -> dict[str, Any]:
-        """The data plan as plain values (`ExactlyOnceBatchSampler.state_dict`)."""
+        """The plan and the Manager's counters (`ExactlyOnceBatchSampler.state_dict`)."""
         return self.batch_sampler.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

@@ -164,3 +164,49 @@ def test_loading_a_checkpoint_of_another_plan_names_what_changed() -> None:
     text = str(info.value)
     assert "dataset_size changed: the checkpoint's is 101, now 90" in text
     assert "the checkpoint's is 4 x 2 = 8, now 8 x 2 = 16" in text
+
+
+def test_the_samplers_state_is_the_plan_and_the_counters_when_saved() -> None:
+    job = FakeJob(step=7, batches=12)
+    state = ExactlyOnceBatchSampler(plan(), job, group_rank=0).state_dict()
+    assert state == {"plan": plan().to_state(), "step": 7, "batches_committed": 12}
+
+
+def test_a_manager_left_unrestored_is_refused_at_the_first_step_it_takes_part_in() -> None:
+    saved = ExactlyOnceBatchSampler(plan(), FakeJob(step=7, batches=12), 0).state_dict()
+    job = FakeJob()  # a restart that loaded the data state but not the Manager's
+    sampler = ExactlyOnceBatchSampler(plan(), job, group_rank=0)
+    sampler.load_state_dict(saved)
+    job.rank = None  # healing into the step: the heal brings the counters, no check yet
+    assert sampler.step_indices() == []
+    job.rank = 0
+    with pytest.raises(RuntimeError) as info:
+        sampler.step_indices()
+    assert "saved at step 7 (batches_committed 12), but the Manager is at step 0" in str(info.value)
+    job.step, job.batches = 7, 12  # restored after the data state: that order works too
+    assert len(sampler.step_indices()) == 4
+    job.step = job.batches = 0  # checked once, at the first step after the load
+    assert len(sampler.step_indices()) == 4
+
+
+def test_a_state_saved_before_any_commit_resumes_at_step_zero() -> None:
+    saved = ExactlyOnceBatchSampler(plan(), FakeJob(), 0).state_dict()
+    sampler = ExactlyOnceBatchSampler(plan(), FakeJob(), group_rank=0)
+    sampler.load_state_dict(json.loads(json.dumps(saved)))
+    assert len(sampler.step_indices()) == 4
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ({"step": 1}, "must be a mapping with a 'plan'"),
+        ({"plan": {}, "step": -1, "batches_committed": 0}, "'step' must be an int >= 0, got -1"),
+        ({"plan": {}, "step": 1}, "'batches_committed' must be an int >= 0, got None"),
+        ({"plan": {}, "step": 1, "batches_committed": 2}, "data plan state has no 'format'"),
+    ],
+)
+def test_a_corrupt_sampler_state_names_the_key(state: dict[str, Any], message: str) -> None:
+    sampler = ExactlyOnceBatchSampler(plan(), FakeJob(), group_rank=0)
+    with pytest.raises(ValueError) as info:
+        sampler.load_state_dict(state)
+    assert message in str(info.value)

@@ -63,7 +63,8 @@ def test_the_loaders_state_holds_the_samplers_and_a_restart_resumes_there() -> N
     loader = loader_for(job)
     take(loader, job, SCHEDULE[:3])
     state = loader.state_dict()
-    assert PLAN.to_state() in state.values()  # the batch sampler's state_dict, as it is
+    # the batch sampler's state_dict, as it is
+    assert {"plan": PLAN.to_state(), "step": 3, "batches_committed": 5} in state.values()
     checkpoint = through_torch_save({"manager": job.manager_state(), "loader": state})
     kept_running = take(loader, job, SCHEDULE[3:])
 
