@@ -33,7 +33,8 @@ install-torchft-compat:  ## opt-in: the import name `torchft` and `torchft_light
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e compat/torchft
 
 # Test-only packages: torchtitan's fault-tolerance modules and the three modules they
-# import, and parameterized for torchft's own tests. --no-deps: they must never change
+# import (torchdata's StatefulDataLoader is also tests/unit/test_data_stateful_loader.py's),
+# and parameterized for torchft's own tests. --no-deps: they must never change
 # torch (tests/torchtitan refuses to run if it did). torchft's wheels are only downloaded,
 # never installed: tests/torchft_suites runs test files from them against torchft_pg.
 TEST_EXTRAS = torchtitan==0.3.0 tyro==1.0.17 spmd_types==0.2.3 torchdata==0.11.0 parameterized==0.9.0

@@ -25,17 +25,28 @@ possible (the first ranks take one more when it does not divide).
 this one: with ``GROUP``, ``Manager.batches_committed() * batch_size *
 group_world_size``; with ``GLOBAL``, ``committed steps * global_batch_size``.
 ``DataPlan.consumed`` computes it from those counters.
+
+A checkpoint needs nothing of the plan to find its place again (the Manager's
+restored counters are the place), but resuming at the same sample needs the
+same plan: ``DataPlan.to_state`` saves what fixes the sample at each stream
+position and how the counters map to positions, ``DataPlan.from_state`` reads
+it back, and ``DataPlan.resume_conflicts`` says what a new plan changed.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
 __all__ = ["BatchMode", "DataPlan", "StepSlice"]
+
+# Bumped when `DataPlan.to_state`'s keys change meaning, so an old checkpoint is refused by name.
+_PLAN_STATE_FORMAT = 1
 
 
 class BatchMode(enum.Enum):
@@ -90,7 +101,10 @@ class DataPlan:
     ``group_world_size`` ranks per replica group, shuffling with ``seed``.
 
     ``batch_size``: samples per rank per step (``GROUP`` mode);
-    ``global_batch_size``: samples per step over the whole job (``GLOBAL`` mode).
+    ``global_batch_size``: samples per step over the whole job (``GLOBAL`` mode);
+    ``dataset_version``: any name for the dataset's contents (a revision, a
+    hash); it changes no sample, but a checkpoint saved with one version is
+    refused by a plan with another (`resume_conflicts`).
     """
 
     dataset_size: int
@@ -100,6 +114,7 @@ class DataPlan:
     global_batch_size: int | None = None
     shuffle: bool = True
     seed: int = 0
+    dataset_version: str = ""
 
     def __post_init__(self) -> None:
         _positive("dataset_size", self.dataset_size)
@@ -116,6 +131,10 @@ class DataPlan:
                 raise ValueError("batch_size is for BatchMode.GROUP; give global_batch_size")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"shuffle must be a bool, got {self.shuffle!r}")
+        if not isinstance(self.dataset_version, str):
+            raise ValueError(f"dataset_version must be a str, got {self.dataset_version!r}")
 
     def consumed(self, *, batches_committed: int, committed_steps: int) -> int:
         """Stream samples used by the committed steps: from the Manager's
@@ -185,3 +204,103 @@ class DataPlan:
     def epoch_of(self, consumed: int) -> int:
         """The epoch the next step starts in, after ``consumed`` stream samples."""
         return _non_negative("consumed", consumed) // self.dataset_size
+
+    def to_state(self) -> dict[str, int | str | bool | None]:
+        """The plan as plain values, for a checkpoint: what a restart needs to
+        check that it reads the same sample at each stream position. No
+        tensors: it round-trips through ``json`` and through
+        ``torch.load(..., weights_only=True)``."""
+        return {
+            "format": _PLAN_STATE_FORMAT,
+            "dataset_size": self.dataset_size,
+            "dataset_version": self.dataset_version,
+            "group_world_size": self.group_world_size,
+            "mode": self.mode.value,
+            "batch_size": self.batch_size,
+            "global_batch_size": self.global_batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, object]) -> DataPlan:
+        """The plan `to_state` saved; a ValueError names a missing or ill-typed
+        key, or a format this version does not read."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"a data plan state must be a mapping, got {state!r}")
+        found = _state_value(state, "format", int)
+        if found != _PLAN_STATE_FORMAT:
+            raise ValueError(
+                f"data plan state has format {found!r}; this version reads format "
+                f"{_PLAN_STATE_FORMAT}"
+            )
+        mode = _state_value(state, "mode", str)
+        modes = {m.value: m for m in BatchMode}
+        if mode not in modes:
+            raise ValueError(
+                f"data plan state: 'mode' must be one of {sorted(modes)}, got {mode!r}"
+            )
+        return cls(
+            dataset_size=_state_value(state, "dataset_size", int),
+            dataset_version=_state_value(state, "dataset_version", str),
+            group_world_size=_state_value(state, "group_world_size", int),
+            mode=modes[mode],
+            batch_size=_state_value(state, "batch_size", int, optional=True),
+            global_batch_size=_state_value(state, "global_batch_size", int, optional=True),
+            shuffle=_state_value(state, "shuffle", bool),
+            seed=_state_value(state, "seed", int),
+        )
+
+    def resume_conflicts(self, saved: DataPlan) -> list[str]:
+        """Why this plan would not resume `saved`'s stream at the same sample,
+        one line per field (empty: it would).
+
+        The Manager's restored counters give the position; the sample there is
+        the same only if the dataset, its order (shuffle, and the seed when
+        shuffling) and the samples each counted unit stands for are: with
+        ``GROUP``, ``batch_size * group_world_size`` per committed group batch
+        (8 x 2 may become 4 x 4); with ``GLOBAL``, ``global_batch_size`` per
+        committed step (there ``group_world_size`` may change freely)."""
+        conflicts: list[str] = []
+
+        def differ(name: str, before: object, now: object) -> None:
+            if before != now:
+                conflicts.append(f"{name} changed: the checkpoint's is {before!r}, now {now!r}")
+
+        differ("dataset_size", saved.dataset_size, self.dataset_size)
+        differ("dataset_version", saved.dataset_version, self.dataset_version)
+        differ("mode", saved.mode.value, self.mode.value)
+        differ("shuffle", saved.shuffle, self.shuffle)
+        if saved.shuffle and self.shuffle:
+            differ("seed", saved.seed, self.seed)
+        if saved.mode is self.mode is BatchMode.GROUP:
+            assert saved.batch_size is not None and self.batch_size is not None
+            before = saved.batch_size * saved.group_world_size
+            now = self.batch_size * self.group_world_size
+            if before != now:
+                conflicts.append(
+                    "batch_size * group_world_size (samples per committed group batch) "
+                    f"changed: the checkpoint's is {saved.batch_size} x "
+                    f"{saved.group_world_size} = {before}, now {self.batch_size} x "
+                    f"{self.group_world_size} = {now}"
+                )
+        elif saved.mode is self.mode is BatchMode.GLOBAL:
+            differ("global_batch_size", saved.global_batch_size, self.global_batch_size)
+        return conflicts
+
+
+def _state_value(
+    state: Mapping[str, object], key: str, kind: type, *, optional: bool = False
+) -> Any:
+    """``state[key]``, checked to be a `kind` (or None when `optional`); a
+    ValueError names the key and what it holds."""
+    if key not in state:
+        raise ValueError(f"data plan state has no {key!r}; it has {sorted(state)}")
+    value = state[key]
+    if value is None and optional:
+        return None
+    # bool is an int to isinstance; a count that is True is a corrupt state, not 1
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        expected = f"{kind.__name__} or None" if optional else kind.__name__
+        raise ValueError(f"data plan state: {key!r} must be {expected}, got {value!r}")
+    return value
