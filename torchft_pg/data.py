@@ -155,7 +155,12 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
     Call `step_indices()` (or take the next item; iterating gives one epoch) after the step's
     ``manager.start_quorum()`` (``optimizer.zero_grad()`` with `OptimizerWrapper`):
     it waits for the step's quorum, since who takes part decides the split. A rank
-    that does not take part in the step (its group heals into it) gets ``[]``.
+    whose group does not take part in the step (it heals into it, or is a spare)
+    gets the batch of the same group rank of the step's first participant: it
+    still runs forward and backward (its group's collectives need it), the
+    allreduce replaces its gradients with zeros, so those samples count once,
+    for the participant that owns them. Only a step with no participant at all
+    gives ``[]``.
 
     With ``DataLoader(dataset, batch_sampler=sampler)`` keep ``num_workers=0``:
     worker processes fetch indices steps ahead, before the quorum that decides
@@ -177,12 +182,18 @@ class ExactlyOnceBatchSampler(data.Sampler[list[int]]):
     def step_indices(self) -> list[int]:
         """This rank's indices for the step whose quorum was started last."""
         rank = self.manager.participating_rank()  # waits for the step's quorum
+        participants = self.manager.num_participants()
         if rank is None:
-            return []
-        self._check_manager_restored()
+            if participants < 1:
+                return []
+            # A stand-in batch (see the class docstring); a healing group's counters
+            # are not the job's yet, so nothing is checked against them.
+            rank = 0
+        else:
+            self._check_manager_restored()
         part = self.plan.slice(
             consumed=self._consumed(),
-            participants=self.manager.num_participants(),
+            participants=participants,
             participant_rank=rank,
             group_rank=self.group_rank,
         )
@@ -282,8 +293,8 @@ class SampleSequence(Protocol[T_co]):
 
 class ExactlyOnceIterableDataset(data.IterableDataset[list[T]], Generic[T]):
     """This rank's samples for each step, as an iterable dataset: one item per
-    step, the list of samples `ExactlyOnceBatchSampler` picks (``[]`` when this
-    group does not take part in the step).
+    step, the list of samples `ExactlyOnceBatchSampler` picks (a stand-in batch,
+    counted for its owner, when this group does not take part in the step).
 
     For loaders built on an ``IterableDataset`` (torchtitan's are), where a batch
     sampler has no place. Give exactly one source:

@@ -177,8 +177,11 @@ def test_the_batch_sampler_reads_the_managers_counters_and_iterates_one_epoch() 
     job.commit()
     job.participants, job.rank = 2, 1  # a second group joined; this one is second
     assert [r.step_indices() for r in ranks] == [[8, 9], [10, 11]]
-    job.rank = None  # healing into the step: nothing to read
+    job.rank = None  # healing into the step: the first participant's batch, as a stand-in
+    assert [r.step_indices() for r in ranks] == [[4, 5], [6, 7]]
+    job.participants = 0  # no participant at all: nothing
     assert ranks[0].step_indices() == []
+    job.participants = 2
     job.rank = 0
     epoch = []
     for batch in ranks[0]:  # one epoch: stops once the committed steps used sample 19

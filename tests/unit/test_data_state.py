@@ -178,7 +178,7 @@ def test_a_manager_left_unrestored_is_refused_at_the_first_step_it_takes_part_in
     sampler = ExactlyOnceBatchSampler(plan(), job, group_rank=0)
     sampler.load_state_dict(saved)
     job.rank = None  # healing into the step: the heal brings the counters, no check yet
-    assert sampler.step_indices() == []
+    assert len(sampler.step_indices()) == 4  # a stand-in batch, not counted
     job.rank = 0
     with pytest.raises(RuntimeError) as info:
         sampler.step_indices()
