@@ -82,8 +82,8 @@ def call_with_retries(
         try:
             return method(request, timeout=remaining)  # type: ignore[no-any-return]
         except grpc.RpcError as exc:
-            code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-            details: str = exc.details() or ""  # type: ignore[attr-defined]
+            code: grpc.StatusCode = exc.code()
+            details: str = exc.details() or ""
             error = error_for_status(code, details, what=what, addr=addr, timeout_s=timeout_s)
             if error is not None:
                 raise error from exc

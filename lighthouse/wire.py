@@ -12,6 +12,7 @@ text so that the lighthouse relays what it received without re-encoding it.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -28,6 +29,13 @@ from lighthouse.types import (
     QuorumResult,
     QuorumWait,
 )
+
+
+def _serialized(message: Any) -> bytes:
+    """`message`'s wire bytes. The generated classes carry no type information,
+    so this is where their result is typed."""
+    data: bytes = message.SerializeToString()
+    return data
 
 
 def _parse(cls: type, data: bytes) -> object:
@@ -112,7 +120,7 @@ def encode_lighthouse_quorum_request(m: QuorumMember, timeout_ms: int = 0) -> by
     """``timeout_ms``: how long the requester waits (0: the call's deadline only)."""
     req = pb.LighthouseQuorumRequest(timeout_ms=max(0, timeout_ms))
     _member_to_pb(m, req.requester)
-    return req.SerializeToString()
+    return _serialized(req)
 
 
 def decode_lighthouse_quorum_request(data: bytes) -> QuorumMember:
@@ -135,7 +143,7 @@ def encode_lighthouse_quorum_response(q: Quorum, lease_id: int = 0) -> bytes:
     resp.quorum.created_unix_ms = q.created_unix_ms
     for m in q.participants:
         _member_to_pb(m, resp.quorum.participants.add())
-    return resp.SerializeToString()
+    return _serialized(resp)
 
 
 def decode_lighthouse_quorum_response(data: bytes) -> Quorum:
@@ -158,7 +166,7 @@ def peek_quorum_id(data: bytes) -> tuple[str, int, int]:
 
 # -- heartbeat and liveness -----------------------------------------------------------------
 def encode_heartbeat_request(replica_id: str) -> bytes:
-    return pb.LighthouseHeartbeatRequest(replica_id=replica_id).SerializeToString()
+    return _serialized(pb.LighthouseHeartbeatRequest(replica_id=replica_id))
 
 
 def decode_heartbeat_request(data: bytes) -> str:
@@ -168,7 +176,7 @@ def decode_heartbeat_request(data: bytes) -> str:
 
 
 def encode_heartbeat_response(epoch: str) -> bytes:
-    return pb.LighthouseHeartbeatResponse(epoch=epoch).SerializeToString()
+    return _serialized(pb.LighthouseHeartbeatResponse(epoch=epoch))
 
 
 def decode_heartbeat_response(data: bytes) -> str:
@@ -190,7 +198,7 @@ def encode_liveness_ping(
     )
     if heal is not None:
         _heal_to_pb(heal, ping.heal)
-    return ping.SerializeToString()
+    return _serialized(ping)
 
 
 def decode_liveness_ping(data: bytes) -> tuple[str, bool]:
@@ -265,14 +273,12 @@ def encode_liveness_event(
     if floor is not None:
         ev.floor.lease_id = floor.lease_id
         ev.floor.step = floor.step
-    return ev.SerializeToString()
+    return _serialized(ev)
 
 
 def encode_liveness_ack(epoch: str, heartbeat_timeout_ms: int) -> bytes:
     """The first event on a liveness stream: the epoch and the heartbeat timeout (ms)."""
-    return pb.LivenessEvent(
-        epoch=epoch, heartbeat_timeout_ms=heartbeat_timeout_ms
-    ).SerializeToString()
+    return _serialized(pb.LivenessEvent(epoch=epoch, heartbeat_timeout_ms=heartbeat_timeout_ms))
 
 
 def decode_liveness_ack(data: bytes) -> tuple[str, int]:
@@ -309,7 +315,7 @@ def decode_liveness_event(data: bytes) -> tuple[str, LivenessEventBody | None]:
 def encode_failure_notice(n: FailureNotice) -> bytes:
     out = pb.FailureNotice()
     _notice_to_pb(n, out)
-    return out.SerializeToString()
+    return _serialized(out)
 
 
 def decode_failure_notice(data: bytes) -> FailureNotice:
@@ -337,7 +343,7 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
     )
     if req.heal is not None:
         _heal_to_pb(req.heal, out.heal)
-    return out.SerializeToString()
+    return _serialized(out)
 
 
 def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuorumRequest:
@@ -382,7 +388,7 @@ def encode_quorum_result(r: QuorumResult) -> bytes:
         out.recover_src_replica_rank = r.recover_src_replica_rank
     if r.max_replica_rank is not None:
         out.max_replica_rank = r.max_replica_rank
-    return out.SerializeToString()
+    return _serialized(out)
 
 
 def decode_quorum_result(data: bytes) -> QuorumResult:
@@ -410,7 +416,7 @@ def decode_quorum_result(data: bytes) -> QuorumResult:
 
 
 def encode_checkpoint_metadata_request(rank: int) -> bytes:
-    return pb.CheckpointMetadataRequest(rank=rank).SerializeToString()
+    return _serialized(pb.CheckpointMetadataRequest(rank=rank))
 
 
 def decode_checkpoint_metadata_request(data: bytes) -> int:
@@ -420,7 +426,7 @@ def decode_checkpoint_metadata_request(data: bytes) -> int:
 
 
 def encode_checkpoint_metadata_response(metadata: str) -> bytes:
-    return pb.CheckpointMetadataResponse(checkpoint_metadata=metadata).SerializeToString()
+    return _serialized(pb.CheckpointMetadataResponse(checkpoint_metadata=metadata))
 
 
 def decode_checkpoint_metadata_response(data: bytes) -> str:
@@ -430,9 +436,9 @@ def decode_checkpoint_metadata_response(data: bytes) -> str:
 
 
 def encode_should_commit_request(group_rank: int, step: int, should_commit: bool) -> bytes:
-    return pb.ShouldCommitRequest(
-        group_rank=group_rank, step=step, should_commit=should_commit
-    ).SerializeToString()
+    return _serialized(
+        pb.ShouldCommitRequest(group_rank=group_rank, step=step, should_commit=should_commit)
+    )
 
 
 def decode_should_commit_request(data: bytes) -> tuple[int, int, bool]:
@@ -443,7 +449,7 @@ def decode_should_commit_request(data: bytes) -> tuple[int, int, bool]:
 
 
 def encode_should_commit_response(decision: bool) -> bytes:
-    return pb.ShouldCommitResponse(should_commit=decision).SerializeToString()
+    return _serialized(pb.ShouldCommitResponse(should_commit=decision))
 
 
 def decode_should_commit_response(data: bytes) -> bool:
@@ -453,7 +459,7 @@ def decode_should_commit_response(data: bytes) -> bool:
 
 
 def encode_kill_request(msg: str) -> bytes:
-    return pb.KillRequest(msg=msg).SerializeToString()
+    return _serialized(pb.KillRequest(msg=msg))
 
 
 def decode_kill_request(data: bytes) -> str:
@@ -463,11 +469,11 @@ def decode_kill_request(data: bytes) -> str:
 
 
 def encode_kill_response() -> bytes:
-    return pb.KillResponse().SerializeToString()
+    return _serialized(pb.KillResponse())
 
 
 def encode_watch_failures_request(group_rank: int) -> bytes:
-    return pb.WatchFailuresRequest(group_rank=group_rank).SerializeToString()
+    return _serialized(pb.WatchFailuresRequest(group_rank=group_rank))
 
 
 def decode_watch_failures_request(data: bytes) -> int:

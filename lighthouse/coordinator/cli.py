@@ -50,7 +50,7 @@ TORCHFT_JOIN_TIMEOUT_MS = 60_000
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that also accepts each ``--a-b`` flag as ``--a_b`` (torchft's form)."""
 
-    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:  # type: ignore[override]
+    def add_argument(self, *names: str, **kwargs: Any) -> argparse.Action:
         aliases = [
             "--" + n[2:].replace("-", "_") for n in names if n.startswith("--") and "-" in n[2:]
         ]
