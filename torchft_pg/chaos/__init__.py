@@ -1,19 +1,29 @@
-"""Chaos testing for fault-tolerant training: fault plans, a reference trainer, a supervisor.
+"""Fault injection for a fault-tolerant job: seeded fault plans and faults inside a step.
 
-from torchft_pg.chaos import ChaosConfig, FaultPlan, run_chaos
-report = run_chaos(ChaosConfig(replicas=3, steps=30, plan=FaultPlan.random(seed=1, replicas=3, steps=30, kills=5)))
-assert report.ok, report.failures
+A `FaultPlan` says which fault hits which replica group at which step,
+reproducibly from a seed; the `injection` wrappers (process group, heal
+transport, Manager) land a fault in a chosen phase of a step.
 """
 
+from torchft_pg.chaos.injection import (
+    Action,
+    FaultInjectingManager,
+    FaultInjectingProcessGroup,
+    FaultInjectingTransport,
+    Injector,
+    Phase,
+)
 from torchft_pg.chaos.plan import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
-from torchft_pg.chaos.supervisor import ChaosConfig, ChaosReport, run_chaos
 
 __all__ = [
     "CLASSIC_FAULTS",
     "PHASE_FAULTS",
-    "ChaosConfig",
-    "ChaosReport",
+    "Action",
     "Fault",
+    "FaultInjectingManager",
+    "FaultInjectingProcessGroup",
+    "FaultInjectingTransport",
     "FaultPlan",
-    "run_chaos",
+    "Injector",
+    "Phase",
 ]

@@ -26,24 +26,24 @@ from typing import Any
 
 import torch
 
-from torchft_pg.chaos.diloco_events import (
+from tests.chaos_support.diloco_events import (
     Healed,
     OuterStepEnded,
     PseudoGradient,
     Serving,
     SnapshotId,
 )
-from torchft_pg.chaos.diloco_workload import (
+from tests.chaos_support.diloco_workload import (
     diloco_flat_state,
     fragment_modules,
     global_digest,
     outer_optimizers,
     outer_steps,
 )
-from torchft_pg.chaos.events import Done
-from torchft_pg.chaos.harness import Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.events import Done
+from tests.chaos_support.harness import Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.workload import Workload, state_checksum
 from torchft_pg.chaos.plan import Fault
-from torchft_pg.chaos.workload import Workload, state_checksum
 from torchft_pg.local_sgd import DiLoCo
 
 __all__ = ["LINEAGE_KEY", "train_diloco"]

@@ -22,9 +22,9 @@ import torch
 from torch.distributed import TCPStore
 
 from lighthouse import auth
-from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
-from torchft_pg.chaos.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
-from torchft_pg.chaos.exact_sum import ExactSumProcessGroup
+from tests.chaos_support.diloco_workload import Algorithm, DiLoCoSettings
+from tests.chaos_support.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
+from tests.chaos_support.exact_sum import ExactSumProcessGroup
 from torchft_pg.chaos.injection import (
     Action,
     FaultInjectingManager,

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from torchft_pg.chaos.diloco_trainer import train_diloco
-from torchft_pg.chaos.diloco_workload import Algorithm
-from torchft_pg.chaos.events import Contribution, Done, Error, Joined, Started, StepEnded
-from torchft_pg.chaos.harness import GO_KEY, Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.diloco_trainer import train_diloco
+from tests.chaos_support.diloco_workload import Algorithm
+from tests.chaos_support.events import Contribution, Done, Error, Joined, Started, StepEnded
+from tests.chaos_support.harness import GO_KEY, Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
 from torchft_pg.chaos.plan import Fault
-from torchft_pg.chaos.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.optim import OptimizerWrapper
 from torchft_pg.process_group import ProcessGroupBabyGloo
