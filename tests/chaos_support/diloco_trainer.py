@@ -204,9 +204,7 @@ def train_diloco(config: TrainerConfig, events: Events, commands: Commands | Non
                 if local == 0 and harness.finished(committed):
                     break
                 step = m.current_step()
-                fault = harness.fire_due(step)
-                if fault == Fault.DELAY:
-                    time.sleep(config.delay_s)  # the fault itself: a stalled replica
+                fault = harness.fire_due(step)  # a DELAY stalls in there
                 if fault == Fault.KILL_REPLICA:
                     kill_at = max(local, (interval - delay) // 2)
                 if config.step_time_s:
@@ -216,7 +214,7 @@ def train_diloco(config: TrainerConfig, events: Events, commands: Commands | Non
                 x, y = workload.batch(config.replica, data_step)
                 loss = workload.loss(model(x), y)
                 if kill_at == local:
-                    harness.die_now()
+                    harness.faults.after_forward()  # the KILL_REPLICA fired dies here
                 loss.backward()
                 trace.inner_step(data_step)
                 if local == interval - delay - 1:

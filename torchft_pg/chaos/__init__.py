@@ -1,8 +1,22 @@
-"""Fault injection for a fault-tolerant job: seeded fault plans and faults inside a step.
+"""Fault injection for a fault-tolerant job: a seeded plan, fired by each rank at its steps.
 
-A `FaultPlan` says which fault hits which replica group at which step,
-reproducibly from a seed; the `injection` wrappers (process group, heal
-transport, Manager) land a fault in a chosen phase of a step.
+Every rank builds the same `FaultPlan` (from one seed) and a `ReplicaFaults`
+for its replica group, wraps its process group and heal transport with it,
+builds its Manager as a `FaultInjectingManager`, and calls `fire_due(step)`
+before each forward and `after_forward()` before each backward::
+
+    plan = FaultPlan.random(seed=1, replicas=3, steps=300, kills=4, other_faults=4)
+    faults = ReplicaFaults(plan, replica=replica_index, record=f"/tmp/faults.{replica_index}.{rank}")
+    pg = faults.wrap_process_group(ProcessGroupGloo(timeout=timedelta(seconds=10)))
+    manager = FaultInjectingManager(
+        pg, injector=faults.injector,
+        checkpoint_transport=faults.wrap_transport(HTTPTransport(timedelta(seconds=10))), ...)
+    while training:
+        faults.fire_due(manager.current_step())
+        loss = model(batch)
+        faults.after_forward()
+        loss.backward()
+        optimizer.step()
 """
 
 from torchft_pg.chaos.injection import (
@@ -14,6 +28,7 @@ from torchft_pg.chaos.injection import (
     Phase,
 )
 from torchft_pg.chaos.plan import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
+from torchft_pg.chaos.replica_faults import ReplicaFaults
 
 __all__ = [
     "CLASSIC_FAULTS",
@@ -26,4 +41,5 @@ __all__ = [
     "FaultPlan",
     "Injector",
     "Phase",
+    "ReplicaFaults",
 ]
