@@ -141,7 +141,7 @@ class RankHarness:
         self.manager = FaultInjectingManager(
             self.pg,
             injector=self.faults.injector,
-            checkpoint_transport=self.faults.wrap_transport(transport),
+            checkpoint_transport=transport,  # the heal phases: wrapped by the Manager
             min_replica_size=config.min_replica_size,
             use_async_quorum=use_async_quorum,
             rank=config.group_rank,

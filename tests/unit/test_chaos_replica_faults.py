@@ -1,5 +1,6 @@
 """`ReplicaFaults`: a rank fires its replica's planned faults once, at or past their step,
-arms each at its phase, and a restarted process reading the same record fires none again.
+arms each at its phase, and a restarted process reading the same record fires none again;
+`FaultInjectingManager` routes its heal transport through the injector.
 
 An armed action announces itself before it kills or stops the process; the
 announcement here raises instead, so the test process sees which action
@@ -9,11 +10,22 @@ would have been taken, at which phase, and survives it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from torchft_pg.chaos import Action, Fault, FaultPlan, Phase, ReplicaFaults
+from tests.unit.manager_fakes import FakeClient, FakeTransport, SumGroup
+from torchft_pg.chaos import (
+    Action,
+    Fault,
+    FaultInjectingManager,
+    FaultInjectingTransport,
+    FaultPlan,
+    Injector,
+    Phase,
+    ReplicaFaults,
+)
 from torchft_pg.process_group import ProcessGroupDummy
 
 
@@ -153,3 +165,25 @@ def test_arguments_are_checked() -> None:
         ReplicaFaults(FaultPlan(), 0, group_rank=2, group_world_size=2)
     with pytest.raises(ValueError, match="freeze_s"):
         ReplicaFaults(FaultPlan(), 0, freeze_s=0.0)
+
+
+def test_the_manager_heals_through_the_injector_whatever_transport_it_has() -> None:
+    injector = Injector(_announce)
+    given = FakeTransport()
+    for transport in (given, FaultInjectingTransport(given, injector)):
+        manager = FaultInjectingManager(
+            SumGroup(),
+            injector=injector,
+            client=FakeClient([]),
+            checkpoint_transport=transport,
+            timeout=timedelta(seconds=5),
+        )
+        try:
+            healing = manager._healer.transport
+            assert isinstance(healing, FaultInjectingTransport)
+            assert healing.inner is given  # wrapped once, never twice
+            injector.arm(Phase.HEAL_RECV, Action.DIE)
+            with pytest.raises(Announced):
+                healing.recv_checkpoint(0, "", 1, timedelta(seconds=1))
+        finally:
+            manager.shutdown()

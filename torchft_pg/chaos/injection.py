@@ -154,11 +154,16 @@ class FaultInjectingTransport(CheckpointTransport[Any]):
 
 
 class FaultInjectingManager(Manager):
-    """A Manager whose commit vote passes the commit phases to `injector`."""
+    """A Manager whose commit vote passes the commit phases to `injector`, and whose heal
+    transport passes the heal phases: the `checkpoint_transport` given, or the one the
+    Manager builds without it, wrapped in a `FaultInjectingTransport` unless it is one."""
 
     def __init__(self, *args: Any, injector: Injector, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.injector = injector
+        healer = self._healer
+        if not isinstance(healer.transport, FaultInjectingTransport):
+            healer.transport = FaultInjectingTransport(healer.transport, injector)
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         self.injector.hit(Phase.COMMIT_BEFORE)

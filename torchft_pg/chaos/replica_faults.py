@@ -3,8 +3,9 @@
 Every rank of a job under chaos builds the same `FaultPlan` (from one seed:
 the plan is data, so the ranks agree without talking) and a `ReplicaFaults`
 for its own replica group. The rank routes its step through the fault
-injection (`injection`): it wraps its process group and heal transport here,
-builds its Manager as a `FaultInjectingManager` on `injector`, and each step
+injection (`injection`): it wraps its process group here, builds its Manager
+as a `FaultInjectingManager` on `injector` (which wraps its heal transport),
+and each step
 
 * calls `fire_due(step)` before the forward, with the Manager's step: the
   fault due there fires (a DELAY stalls right here, a FAIL_ALLREDUCE fails
@@ -28,19 +29,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from torchft_pg.chaos.injection import (
-    Action,
-    FaultInjectingProcessGroup,
-    FaultInjectingTransport,
-    Injector,
-    Phase,
-)
+from torchft_pg.chaos.injection import Action, FaultInjectingProcessGroup, Injector, Phase
 from torchft_pg.chaos.plan import Fault, FaultPlan
-from torchft_pg.checkpointing import CheckpointTransport
 from torchft_pg.process_group import ProcessGroup, ProcessGroupBaby
 
 __all__ = ["ReplicaFaults"]
@@ -64,14 +57,18 @@ _ARMED: dict[Fault, tuple[Phase, Action, bool]] = {
 
 
 class ReplicaFaults:
-    """The faults `plan` holds for replica group `replica`, fired by this rank (module docstring).
+    """The faults `plan` holds for replica group `replica`, fired by this rank from its loop:
+    `fire_due(step)` before each forward, `after_forward()` before each backward.
 
     `group_rank` of `group_world_size`: this rank's place in its group (a
     PARTIAL_KILL kills only the group's last rank). `delay_s`: how long a
-    DELAY stalls the step, in seconds (past the lighthouse's join timeout, the
-    replica misses a quorum). `freeze_s`: seconds a FREEZE keeps the rank
-    stopped before a helper process sends it SIGCONT; None when something
-    else resumes it (a supervisor watching `announce`). `fired`: (replica,
+    DELAY stalls the step, in seconds: past the lighthouse's join timeout
+    (`--join-timeout-ms`, default 10 s) the replica misses a quorum.
+    `freeze_s`: seconds a FREEZE keeps the rank stopped before a helper
+    process sends it SIGCONT (past the lighthouse's heartbeat timeout, default
+    5 s, plus the process group's timeout, the peers have dropped it and
+    given up its collective); None when something else resumes it (a
+    supervisor told by `announce`). `fired`: (replica,
     planned step) of faults already fired, which never fire again; `record`:
     a file that keeps them across restarts (read here, appended to as each
     fires; give each rank its own). `announce(action, phase)`: told before
@@ -86,8 +83,8 @@ class ReplicaFaults:
         *,
         group_rank: int = 0,
         group_world_size: int = 1,
-        delay_s: float = 0.6,
-        freeze_s: float | None = 15.0,
+        delay_s: float = 12.0,
+        freeze_s: float | None = 20.0,
         fired: Iterable[tuple[int, int]] = (),
         record: str | os.PathLike[str] | None = None,
         announce: Callable[[Action, Phase], None] | None = None,
@@ -125,10 +122,6 @@ class ReplicaFaults:
         self._inner = pg
         self.pg = FaultInjectingProcessGroup(pg, self.injector, on_allreduce)
         return self.pg
-
-    def wrap_transport(self, transport: CheckpointTransport[Any]) -> FaultInjectingTransport:
-        """`transport` with the heal phases injected: the Manager's `checkpoint_transport`."""
-        return FaultInjectingTransport(transport, self.injector)
 
     def fire_due(self, step: int, released: Mapping[int, int] | None = None) -> Fault | None:
         """Fire the fault due for this replica at `step` (the Manager's step), if any.
