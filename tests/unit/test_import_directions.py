@@ -51,8 +51,13 @@ Rules:
    child (what it forks); a parent module imports anything but the child. No
    torchft_pg module outside the package imports one of its modules: only the
    package itself (its ``__init__``, the public face).
+7. No lighthouse or torchft_pg module imports ``tests`` (or any submodule):
+   the wheel does not ship it. In particular the shipped fault injection,
+   ``torchft_pg.chaos``, never imports the chaos verification built on it
+   (``tests.chaos_support``: the reference trainers, the supervisor, the
+   oracles); that one imports the shipped part, never the other way.
 
-Rules 1-4 and 6 count type-only edges too: they are about which way the code
+Rules 1-4, 6 and 7 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
@@ -334,3 +339,14 @@ def test_the_lighthouse_module_a_process_group_may_reach_imports_only_the_stdlib
     init = [e for e in EDGES if e.importer == "lighthouse"]
     assert any(e.type_only for e in init)  # the names type checkers see
     assert [str(e) for e in init if not e.type_only and not _is_stdlib(e.target)] == []
+
+
+def test_no_shipped_module_imports_the_tests() -> None:
+    # Rule 7, on every edge (type-only included).
+    bad = [str(e) for e in EDGES if _under(e.target, "tests")]
+    assert bad == []
+
+
+def test_the_shipped_chaos_package_exists_and_is_checked() -> None:
+    # Rule 7 is about this package in particular: it must stay among the modules read.
+    assert {"torchft_pg.chaos", "torchft_pg.chaos.replica_faults"} <= set(MODULES)
