@@ -68,12 +68,12 @@ class ReplicaFaults:
     process sends it SIGCONT (past the lighthouse's heartbeat timeout, default
     5 s, plus the process group's timeout, the peers have dropped it and
     given up its collective); None when something else resumes it (a
-    supervisor told by `announce`). `fired`: (replica,
-    planned step) of faults already fired, which never fire again; `record`:
-    a file that keeps them across restarts (read here, appended to as each
-    fires; give each rank its own). `announce(action, phase)`: told before
-    the rank dies or stops (default: a warning in the log); `on_fired(planned
-    step, fault, step)`: told as a fault fires, before it acts.
+    supervisor told by `announce`). `fired`: (replica, planned step) of
+    faults already fired, which never fire again; `record`: a file that keeps
+    them across restarts (read here, appended to as each fires; give each
+    rank its own). `announce(action, phase)`: told before the rank dies or
+    stops (default: a warning in the log); `on_fired(planned step, fault,
+    step)`: told as a fault fires, before it acts.
     """
 
     def __init__(
@@ -108,6 +108,7 @@ class ReplicaFaults:
         self.pg: FaultInjectingProcessGroup | None = None
         self._inner: ProcessGroup | None = None  # the group wrapped, for KILL_BABY_CHILD
         self._baby_child_due = False
+        self._resumer: subprocess.Popen[bytes] | None = None  # the last freeze's helper
 
     def wrap_process_group(
         self,
@@ -171,16 +172,16 @@ class ReplicaFaults:
         return self.pg
 
     def _before_action(self, action: Action, phase: Phase) -> None:
-        """Announce, and for a freeze this process will not end itself, start its resumer."""
+        """Announce; for a freeze, also start the helper process that resumes this one
+        (stopped, it cannot resume itself) `freeze_s` seconds later."""
         self._announce(action, phase)
         if action == Action.FREEZE and self.freeze_s is not None:
-            # A separate process: this one is stopped until the SIGCONT arrives.
-            subprocess.Popen(
+            self._resumer = subprocess.Popen(
                 [
                     "/bin/sh",
                     "-c",
                     'sleep "$0"; kill -CONT "$1"',
-                    f"{self.freeze_s:g}",
+                    f"{self.freeze_s:.3f}",
                     str(os.getpid()),
                 ]
             )
