@@ -40,8 +40,9 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import lighthouse_restart
+from tests.chaos_support import ChaosConfig, ChaosReport, run_chaos
 from tests.multiproc import RankContext, run_ranks
-from torchft_pg.chaos import ChaosConfig, ChaosReport, FaultPlan, run_chaos
+from torchft_pg.chaos import FaultPlan
 
 HIDDEN = 1024
 CASES = ("gloo", "baby", "lighthouse", "overhead", "quorum")

@@ -4,6 +4,10 @@ Replica 1 is killed with SIGKILL at a chosen step and restarted; the others
 keep committing, the restarted one heals from a live peer, and every replica
 ends with identical parameters. One line per step, then a summary.
 
+The replicas run this repository's reference trainer under its chaos
+supervisor (`run_chaos`, from the test support package beside the library,
+not in the wheel); the kill comes from the library's own fault plan.
+
     python examples/demo.py [--replicas 3] [--steps 40] [--kill-step 10] [--pg gloo|baby]
 """
 
@@ -12,8 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 
-from torchft_pg.chaos import ChaosConfig, Fault, FaultPlan, run_chaos
+# The supervisor and its reference trainer live in the repository's test support package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from tests.chaos_support import ChaosConfig, run_chaos
+from torchft_pg.chaos import Fault, FaultPlan
 
 
 def main() -> None:

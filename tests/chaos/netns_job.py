@@ -6,7 +6,7 @@ invariants the chaos supervisor checks, applied to what they report.
 (198.18.0.11, ...) of a `tests.chaos.netns.Network`. Every process is
 started by the job and stopped by its own pid in `close()`, whatever happened.
 
-`Ledger` checks each commit as it arrives (as `torchft_pg.chaos.ledger` does
+`Ledger` checks each commit as it arrives (as `tests.chaos_support.ledger` does
 for the chaos supervisor): a replica's committed step never goes backwards;
 one step, one quorum; every committer of a step holds the same state after it
 and divided by the same number of participants. `Job.finish()` then stops

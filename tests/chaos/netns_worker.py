@@ -2,7 +2,7 @@
 
 ``python -m tests.chaos.netns_worker '<WorkerConfig as JSON>'`` trains a small
 MLP with torchft_pg's Manager, DDP and OptimizerWrapper, as the chaos trainer
-(`torchft_pg.chaos.trainer`) does, but with every address taken from its
+(`tests.chaos_support.trainer`) does, but with every address taken from its
 config: its group store, its manager server and its HTTP heal transport bind
 and advertise `host`, the namespace's only address, and nothing is told
 127.0.0.1. (The chaos trainer binds its stores to 127.0.0.1, which another
@@ -84,8 +84,8 @@ def train(c: WorkerConfig) -> None:
     import torch
     from torch.distributed import TCPStore
 
+    from tests.chaos_support.workload import state_checksum  # the harness's own digest
     from torchft_pg import DistributedDataParallel, Manager, OptimizerWrapper
-    from torchft_pg.chaos.workload import state_checksum  # the harness's own digest
     from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
     timeout = timedelta(seconds=c.timeout_s)

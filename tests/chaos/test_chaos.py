@@ -19,15 +19,8 @@ import statistics
 
 import pytest
 
-from torchft_pg.chaos import (
-    CLASSIC_FAULTS,
-    PHASE_FAULTS,
-    ChaosConfig,
-    ChaosReport,
-    Fault,
-    FaultPlan,
-    run_chaos,
-)
+from tests.chaos_support import ChaosConfig, ChaosReport, run_chaos
+from torchft_pg.chaos import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
 
 # The CI plans' upper bound: about six times the longest of them on a busy 2-core
 # machine. A run fails well before it if it hangs: once no rank has sent anything for

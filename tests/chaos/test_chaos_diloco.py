@@ -7,7 +7,7 @@ run asserts the chaos ledger's invariants on outer steps (no step backwards,
 one step one quorum, every committer holds the same global state after it),
 that the outer optimizers' step count is the number of committed outer steps
 on every commit and at the end, that every replica ends with the same global
-state, and the DiLoCo replay (`torchft_pg.chaos.diloco_oracle`): every
+state, and the DiLoCo replay (`tests.chaos_support.diloco_oracle`): every
 replica's trace, inner steps, heals and syncs, replayed in one process,
 reaches every committed global digest and every final state bit for bit.
 
@@ -22,10 +22,10 @@ import dataclasses
 import pytest
 import torch
 
-from torchft_pg.chaos import ChaosConfig, ChaosReport, Fault, FaultPlan, run_chaos
-from torchft_pg.chaos.diloco_events import OuterStepEnded, PseudoGradient
-from torchft_pg.chaos.diloco_oracle import DiLoCoHistory, check
-from torchft_pg.chaos.diloco_workload import (
+from tests.chaos_support import ChaosConfig, ChaosReport, run_chaos
+from tests.chaos_support.diloco_events import OuterStepEnded, PseudoGradient
+from tests.chaos_support.diloco_oracle import DiLoCoHistory, check
+from tests.chaos_support.diloco_workload import (
     Algorithm,
     DiLoCoSettings,
     diloco_flat_state,
@@ -33,8 +33,9 @@ from torchft_pg.chaos.diloco_workload import (
     global_digest,
     outer_optimizers,
 )
-from torchft_pg.chaos.outer_ledger import OuterLedger
-from torchft_pg.chaos.workload import FlatState, Workload, state_checksum
+from tests.chaos_support.outer_ledger import OuterLedger
+from tests.chaos_support.workload import FlatState, Workload, state_checksum
+from torchft_pg.chaos import Fault, FaultPlan
 
 # As in test_chaos.py: a hang fails on the run's stall bound (ChaosConfig.stall_s);
 # this bounds a run that keeps going but never ends, far above a loaded machine's time.

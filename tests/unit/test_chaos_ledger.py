@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from torchft_pg.chaos.events import Contribution, Dying, StepEnded
-from torchft_pg.chaos.ledger import Ledger
-from torchft_pg.chaos.workload import Workload
+from tests.chaos_support.events import Contribution, Dying, StepEnded
+from tests.chaos_support.ledger import Ledger
+from tests.chaos_support.workload import Workload
 
 
 def _step(

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from torchft_pg.chaos.oracle import Batch, CommittedStep, History, check, replay
-from torchft_pg.chaos.workload import REDUCE_DTYPE, FlatState, Workload, flat_state
+from tests.chaos_support.oracle import Batch, CommittedStep, History, check, replay
+from tests.chaos_support.workload import REDUCE_DTYPE, FlatState, Workload, flat_state
 
 WORKLOAD = Workload(seed=3, hidden=8)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchft_pg.chaos.progress import ProgressWatch
+from tests.chaos_support.progress import ProgressWatch
 
 
 def test_a_slow_run_that_keeps_progressing_is_not_hung() -> None:

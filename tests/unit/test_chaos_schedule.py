@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from torchft_pg.chaos.events import Finish, Release
+from tests.chaos_support.events import Finish, Release
+from tests.chaos_support.schedule import FaultSchedule
 from torchft_pg.chaos.plan import Fault, FaultPlan
-from torchft_pg.chaos.schedule import FaultSchedule
 
 
 def _all_commit(schedule: FaultSchedule, step: int, participants: int = 3) -> None:

@@ -51,14 +51,19 @@ Rules:
    child (what it forks); a parent module imports anything but the child. No
    torchft_pg module outside the package imports one of its modules: only the
    package itself (its ``__init__``, the public face).
+7. No lighthouse or torchft_pg module imports ``tests`` (or any submodule):
+   the wheel does not ship it. In particular the shipped fault injection,
+   ``torchft_pg.chaos``, never imports the chaos verification built on it
+   (``tests.chaos_support``: the reference trainers, the supervisor, the
+   oracles); that one imports the shipped part, never the other way.
 
-7. The Manager is a package, ``torchft_pg.manager``, whose ``__init__`` is the
+8. The Manager is a package, ``torchft_pg.manager``, whose ``__init__`` is the
    facade (``Manager``, torchft's import path) over one module per concern
    (its parts). A part never imports the facade: the parts share a
    ``StepState`` instead of calling back into their owner. No torchft_pg
    module outside the package imports a part: only the facade.
 
-Rules 1-4, 6 and 7 count type-only edges too: they are about which way the code
+Rules 1-4 and 6-8 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
@@ -359,3 +364,14 @@ def test_only_the_manager_package_itself_is_imported_from_outside_it() -> None:
         if _under(e.target, MANAGER) and e.target != MANAGER and not _under(e.importer, MANAGER)
     ]
     assert bad == []
+
+
+def test_no_shipped_module_imports_the_tests() -> None:
+    # Rule 7, on every edge (type-only included).
+    bad = [str(e) for e in EDGES if _under(e.target, "tests")]
+    assert bad == []
+
+
+def test_the_shipped_chaos_package_exists_and_is_checked() -> None:
+    # Rule 7 is about this package in particular: it must stay among the modules read.
+    assert {"torchft_pg.chaos", "torchft_pg.chaos.replica_faults"} <= set(MODULES)

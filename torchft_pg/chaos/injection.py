@@ -2,9 +2,11 @@
 
 A planned fault arms an action (die or freeze) at a `Phase`; the wrapper that
 owns that phase calls `Injector.hit(phase)` each time it passes it, and the
-first pass after arming performs the action. The action announces itself to
-the supervisor first (`Dying`, `Frozen`), so an expected death is never
-mistaken for a crash, and a death that never came is visible too.
+first pass after arming performs the action. The action announces itself
+first (`Injector`'s `announce`: a log line, or a message to whoever watches
+the job), so an expected death is never mistaken for a crash, and a death
+that never came is visible too. `replica_faults.ReplicaFaults` arms them from
+a fault plan.
 """
 
 from __future__ import annotations
@@ -50,11 +52,11 @@ class Phase(str, Enum):
 
 class Action(str, Enum):
     DIE = "die"  # SIGKILL this process
-    FREEZE = "freeze"  # SIGSTOP this process; the supervisor sends SIGCONT
+    FREEZE = "freeze"  # SIGSTOP this process; another process sends SIGCONT
 
 
 class Injector:
-    """One rank's armed faults. `announce(action, phase)` tells the supervisor
+    """One rank's armed faults. `announce(action, phase)` tells whoever watches the job
     (and returns once the message is written), then the action is taken."""
 
     def __init__(self, announce: Callable[[Action, Phase], None]) -> None:
@@ -77,15 +79,16 @@ class Injector:
 
 
 class FaultInjectingProcessGroup(ProcessGroupWrapper):
-    """Wraps a group: reports each allreduce (and its tensors) before issuing it, passes the
-    allreduce and configure phases to `injector`, and, once `fail_next` is set,
-    lets the next allreduce run but reports it failed."""
+    """Wraps a group: reports each allreduce (and its tensors) to `on_allreduce`, when
+    given, before issuing it, passes the allreduce and configure phases to
+    `injector`, and, once `fail_next` is set, lets the next allreduce run but
+    reports it failed."""
 
     def __init__(
         self,
         pg: ProcessGroup,
         injector: Injector,
-        on_allreduce: Callable[[list[torch.Tensor]], None],
+        on_allreduce: Callable[[list[torch.Tensor]], None] | None = None,
     ) -> None:
         super().__init__(pg=pg)
         self.injector = injector
@@ -99,7 +102,8 @@ class FaultInjectingProcessGroup(ProcessGroupWrapper):
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         if op != "allreduce":
             return super()._run(op, outputs, *args)
-        self.on_allreduce(args[0])  # the tensors, as they are about to be sent
+        if self.on_allreduce is not None:
+            self.on_allreduce(args[0])  # the tensors, as they are about to be sent
         self.injector.hit(Phase.ALLREDUCE_BEFORE)
         work = super()._run(op, outputs, *args)
         self.injector.hit(Phase.ALLREDUCE_AFTER)
@@ -150,11 +154,16 @@ class FaultInjectingTransport(CheckpointTransport[Any]):
 
 
 class FaultInjectingManager(Manager):
-    """A Manager whose commit vote passes the commit phases to `injector`."""
+    """A Manager whose commit vote passes the commit phases to `injector`, and whose heal
+    transport passes the heal phases: the `checkpoint_transport` given, or the one the
+    Manager builds without it, wrapped in a `FaultInjectingTransport` unless it is one."""
 
     def __init__(self, *args: Any, injector: Injector, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.injector = injector
+        healer = self._healer
+        if not isinstance(healer.transport, FaultInjectingTransport):
+            healer.transport = FaultInjectingTransport(healer.transport, injector)
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         self.injector.hit(Phase.COMMIT_BEFORE)

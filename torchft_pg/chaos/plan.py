@@ -2,10 +2,11 @@
 
 A plan is data, not a timer: the same seed always gives the same faults at
 the same (replica, step) points, so a failing chaos run can be replayed.
-Faults planned at one step form a *group* (overlapping faults); the
-supervisor releases the groups one at a time, in step order, each once the
-job has recovered from the previous one (`supervisor.py`), so a plan never
-takes away the last up-to-date replica by accident of timing.
+Faults planned at one step form a *group* (overlapping faults). Each rank
+fires its own faults (`replica_faults.ReplicaFaults`); a supervisor that
+watches the job may hold each group back until the job has recovered from
+the previous one (`FaultPlan.due`'s `released`), so a plan never takes away
+the last up-to-date replica by accident of timing.
 """
 
 from __future__ import annotations
@@ -42,11 +43,11 @@ class Fault(str, Enum):
     # replica at the same step, one this replica is the heal source of.
     KILL_HEAL_SOURCE = "kill_heal_source"
     # Only the group's last rank dies, right after issuing its allreduce; the
-    # supervisor stops the rest of the group (the failure domain, as torchrun
-    # would) once its rank 0 has finished that step. Needs group_world_size > 1.
+    # launcher (torchrun, or a supervisor) stops the rest of the group, the
+    # failure domain. Needs group_world_size > 1.
     PARTIAL_KILL = "partial_kill"
-    # SIGSTOP in the allreduce, before issuing it; the supervisor sends SIGCONT
-    # past the lighthouse heartbeat timeout. The zombie must commit nothing stale.
+    # SIGSTOP in the allreduce, before issuing it; SIGCONT comes past the lighthouse
+    # heartbeat timeout (`ReplicaFaults.freeze_s`). The zombie must commit nothing stale.
     FREEZE = "freeze"
 
 
@@ -79,7 +80,7 @@ class FaultPlan:
     """Faults keyed by (replica index, step); a step is the replica's committed step.
 
     A fault fires at the replica's first step at or past the planned one (`due`),
-    and, under the supervisor, not before its group was released.
+    and, under a supervisor that releases groups, not before its group was released.
     """
 
     faults: dict[tuple[int, int], Fault] = field(default_factory=dict)
@@ -136,9 +137,9 @@ class FaultPlan:
         Faults are at least `gap` steps apart and faults on one replica at
         least `same_replica_gap` apart: a restarted replica heals to its peers'
         step, which moved on while it restarted. Any replica may be killed,
-        replica 0 included; the supervisor fires each group only once the job
-        has recovered from the previous one, so other replicas hold the
-        committed state. Up to `overlaps` of the fault groups get a second fault
+        replica 0 included; with the faults of one group well apart in steps
+        (or a supervisor releasing each group only once the job has recovered
+        from the previous one), other replicas hold the committed state. Up to `overlaps` of the fault groups get a second fault
         on another replica at the same step, while one replica stays untouched
         (a group that would leave none gets no second fault). A KILL_HEAL_SOURCE comes with FAIL_ALLREDUCE
         on another replica at the same step, whose heal it will serve: the

@@ -1,10 +1,10 @@
 """What every chaos trainer rank has around its training loop, whatever the algorithm.
 
 `RankHarness` builds the rank's fault-injecting process group, heal
-transport and Manager (`injection`), tells the supervisor it is ready and
-waits for its go, reads the supervisor's messages (`events.Release`,
-`events.Finish`) and fires the fault plan at the rank's (replica, step)
-points, arming the phase faults. The loops themselves are in `trainer.py`
+transport and Manager (the shipped `torchft_pg.chaos.ReplicaFaults`), tells
+the supervisor it is ready and waits for its go, reads the supervisor's
+messages (`events.Release`, `events.Finish`) and fires the fault plan at the
+rank's (replica, step) points once the supervisor released them. The loops themselves are in `trainer.py`
 (DDP) and `diloco_trainer.py` (DiLoCo).
 """
 
@@ -22,18 +22,10 @@ import torch
 from torch.distributed import TCPStore
 
 from lighthouse import auth
-from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
-from torchft_pg.chaos.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
-from torchft_pg.chaos.exact_sum import ExactSumProcessGroup
-from torchft_pg.chaos.injection import (
-    Action,
-    FaultInjectingManager,
-    FaultInjectingProcessGroup,
-    FaultInjectingTransport,
-    Injector,
-    Phase,
-)
-from torchft_pg.chaos.plan import Fault, FaultPlan
+from tests.chaos_support.diloco_workload import Algorithm, DiLoCoSettings
+from tests.chaos_support.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
+from tests.chaos_support.exact_sum import ExactSumProcessGroup
+from torchft_pg.chaos import Action, Fault, FaultInjectingManager, FaultPlan, Phase, ReplicaFaults
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport, PGTransport
 from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
@@ -86,20 +78,6 @@ class Commands(Protocol):
 
 GO_KEY = "torchft_pg/chaos/go"
 
-# Phase faults: (phase armed, action, whether this step's allreduce also fails so that
-# the next step brings a new quorum (configure) or a heal).
-_ARMED: dict[Fault, tuple[Phase, Action, bool]] = {
-    Fault.KILL_ALLREDUCE_BEFORE: (Phase.ALLREDUCE_BEFORE, Action.DIE, False),
-    Fault.KILL_ALLREDUCE_AFTER: (Phase.ALLREDUCE_AFTER, Action.DIE, False),
-    Fault.KILL_COMMIT_BEFORE: (Phase.COMMIT_BEFORE, Action.DIE, False),
-    Fault.KILL_COMMIT_AFTER: (Phase.COMMIT_AFTER, Action.DIE, False),
-    Fault.KILL_CONFIGURE: (Phase.CONFIGURE, Action.DIE, True),
-    Fault.KILL_HEALER: (Phase.HEAL_RECV, Action.DIE, True),
-    Fault.KILL_HEAL_SOURCE: (Phase.HEAL_SEND, Action.DIE, False),
-    Fault.PARTIAL_KILL: (Phase.ALLREDUCE_AFTER, Action.DIE, False),
-    Fault.FREEZE: (Phase.ALLREDUCE_BEFORE, Action.FREEZE, False),
-}
-
 
 class RankHarness:
     """One rank's process group, Manager and link to the supervisor (module docstring).
@@ -132,14 +110,26 @@ class RankHarness:
         if config.job_secret is not None:  # every server and client below reads it
             os.environ[auth.SECRET_ENV] = config.job_secret
         self.manager: FaultInjectingManager | None = None
-        self.injector = Injector(self._announce)
+        # The supervisor restarts the lighthouse, resumes a frozen rank and keeps the
+        # faults fired by earlier incarnations; the rank tells it what fires and dies.
+        self.faults = ReplicaFaults(
+            config.plan,
+            config.replica,
+            group_rank=config.group_rank,
+            group_world_size=config.group_world_size,
+            delay_s=config.delay_s,
+            freeze_s=None,
+            fired=config.fired,
+            announce=self._announce,
+            on_fired=self._fired,
+        )
         self.inner_pg: ProcessGroup = (
             ProcessGroupBabyGloo(timeout=timeout)
             if config.pg_kind == "baby"
             else ProcessGroupGloo(timeout=timeout)
         )
         reducing = ExactSumProcessGroup(self.inner_pg) if exact_sum else self.inner_pg
-        self.pg = FaultInjectingProcessGroup(reducing, self.injector, on_allreduce)
+        self.pg = self.faults.wrap_process_group(reducing, on_allreduce)
         self._manager_start = time.time()
         transport: CheckpointTransport[Any] = (
             PGTransport(self.pg, timeout=timeout, device=torch.device("cpu"))
@@ -150,8 +140,8 @@ class RankHarness:
         )
         self.manager = FaultInjectingManager(
             self.pg,
-            injector=self.injector,
-            checkpoint_transport=FaultInjectingTransport(transport, self.injector),
+            injector=self.faults.injector,
+            checkpoint_transport=transport,  # the heal phases: wrapped by the Manager
             min_replica_size=config.min_replica_size,
             use_async_quorum=use_async_quorum,
             rank=config.group_rank,
@@ -164,7 +154,6 @@ class RankHarness:
             quorum_timeout=timedelta(seconds=config.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30),
         )
-        self.fired = set(config.fired)
         self.released = dict(config.released)
         self.finish_at = config.finish_at if commands is not None else 0
 
@@ -226,36 +215,17 @@ class RankHarness:
         )
 
     def fire_due(self, step: int) -> Fault | None:
-        """Fire the fault planned (and released) for this rank at `step`, if any: report
-        it and arm its phase fault. Returns it, for the loop to act on the others."""
-        c = self.config
-        due = c.plan.due(
-            c.replica, step, self.fired, self.released if self.commands is not None else None
-        )
-        if due is None:
-            return None
-        planned, fault = due
-        self.fired.add((c.replica, planned))
+        """Fire the fault planned (and released) for this rank at `step`, if any
+        (`ReplicaFaults.fire_due`). Returns it, for the loop to act on the others."""
+        released = self.released if self.commands is not None else None
+        return self.faults.fire_due(step, released)
+
+    def _fired(self, planned_step: int, fault: Fault, step: int) -> None:
         self.events.put(
             FaultFired(
-                **self.who, at=time.time(), planned_step=planned, fault=fault.value, step=step
+                **self.who, at=time.time(), planned_step=planned_step, fault=fault.value, step=step
             )
         )
-        if fault == Fault.FAIL_ALLREDUCE:
-            self.pg.fail_next = True
-        if fault in _ARMED and not (
-            fault == Fault.PARTIAL_KILL and c.group_rank != c.group_world_size - 1
-        ):  # a partial kill: only the group's last rank dies
-            phase, action, fail_step = _ARMED[fault]
-            self.injector.arm(phase, action)
-            if fail_step:
-                self.pg.fail_next = True
-        return fault
-
-    def die_now(self) -> None:
-        """The KILL_REPLICA fault: SIGKILL this rank now (announced as dying in the forward)."""
-        self.injector.arm(Phase.FORWARD, Action.DIE)
-        self.injector.hit(Phase.FORWARD)
 
     def shutdown(self) -> None:
         self.m.shutdown(wait=False)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchft_pg.chaos.events import Event, StepEnded
+from tests.chaos_support.events import Event, StepEnded
 
 __all__ = ["Healed", "OuterStepEnded", "PseudoGradient", "Serving", "SnapshotId", "TraceEvent"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchft_pg.chaos.workload import FlatState
+from tests.chaos_support.workload import FlatState
 
 __all__ = [
     "Contribution",

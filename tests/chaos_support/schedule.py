@@ -11,7 +11,7 @@ over different pipes. After the last group the ranks are told where to stop.
 
 from __future__ import annotations
 
-from torchft_pg.chaos.events import Finish, Release
+from tests.chaos_support.events import Finish, Release
 from torchft_pg.chaos.plan import FaultPlan
 
 __all__ = ["FaultSchedule"]

@@ -7,7 +7,7 @@ a restart measures the library, not torch's start-up.
 
 import torch
 
-from torchft_pg.chaos import trainer  # noqa: F401
+from tests.chaos_support import trainer  # noqa: F401
 
 _model = torch.nn.Linear(2, 2)
 torch.optim.Adam(_model.parameters()).step()

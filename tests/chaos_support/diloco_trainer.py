@@ -26,24 +26,24 @@ from typing import Any
 
 import torch
 
-from torchft_pg.chaos.diloco_events import (
+from tests.chaos_support.diloco_events import (
     Healed,
     OuterStepEnded,
     PseudoGradient,
     Serving,
     SnapshotId,
 )
-from torchft_pg.chaos.diloco_workload import (
+from tests.chaos_support.diloco_workload import (
     diloco_flat_state,
     fragment_modules,
     global_digest,
     outer_optimizers,
     outer_steps,
 )
-from torchft_pg.chaos.events import Done
-from torchft_pg.chaos.harness import Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.events import Done
+from tests.chaos_support.harness import Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.workload import Workload, state_checksum
 from torchft_pg.chaos.plan import Fault
-from torchft_pg.chaos.workload import Workload, state_checksum
 from torchft_pg.local_sgd import DiLoCo
 
 __all__ = ["LINEAGE_KEY", "train_diloco"]
@@ -204,9 +204,7 @@ def train_diloco(config: TrainerConfig, events: Events, commands: Commands | Non
                 if local == 0 and harness.finished(committed):
                     break
                 step = m.current_step()
-                fault = harness.fire_due(step)
-                if fault == Fault.DELAY:
-                    time.sleep(config.delay_s)  # the fault itself: a stalled replica
+                fault = harness.fire_due(step)  # a DELAY stalls in there
                 if fault == Fault.KILL_REPLICA:
                     kill_at = max(local, (interval - delay) // 2)
                 if config.step_time_s:
@@ -216,7 +214,7 @@ def train_diloco(config: TrainerConfig, events: Events, commands: Commands | Non
                 x, y = workload.batch(config.replica, data_step)
                 loss = workload.loss(model(x), y)
                 if kill_at == local:
-                    harness.die_now()
+                    harness.faults.after_forward()  # the KILL_REPLICA fired dies here
                 loss.backward()
                 trace.inner_step(data_step)
                 if local == interval - delay - 1:

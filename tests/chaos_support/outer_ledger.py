@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchft_pg.chaos.diloco_events import Healed, OuterStepEnded, TraceEvent
-from torchft_pg.chaos.diloco_oracle import DiLoCoHistory, Record
-from torchft_pg.chaos.diloco_workload import DiLoCoSettings
-from torchft_pg.chaos.events import Done
-from torchft_pg.chaos.workload import FlatState, Workload
+from tests.chaos_support.diloco_events import Healed, OuterStepEnded, TraceEvent
+from tests.chaos_support.diloco_oracle import DiLoCoHistory, Record
+from tests.chaos_support.diloco_workload import DiLoCoSettings
+from tests.chaos_support.events import Done
+from tests.chaos_support.workload import FlatState, Workload
 
 __all__ = ["OuterLedger"]
 

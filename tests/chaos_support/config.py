@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from torchft_pg.chaos.diloco_workload import Algorithm, DiLoCoSettings
+from tests.chaos_support.diloco_workload import Algorithm, DiLoCoSettings
 from torchft_pg.chaos.plan import FaultPlan
 
 __all__ = ["ChaosConfig", "ChaosReport"]

@@ -36,23 +36,25 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
-from torchft_pg.chaos import diloco_oracle, oracle
-from torchft_pg.chaos import events as ev
-from torchft_pg.chaos.config import ChaosConfig, ChaosReport
-from torchft_pg.chaos.diloco_events import OuterStepEnded, TraceEvent
-from torchft_pg.chaos.diloco_workload import Algorithm
-from torchft_pg.chaos.ledger import Ledger
-from torchft_pg.chaos.outer_ledger import OuterLedger
+from tests.chaos_support import diloco_oracle, oracle
+from tests.chaos_support import events as ev
+from tests.chaos_support.config import ChaosConfig, ChaosReport
+from tests.chaos_support.diloco_events import OuterStepEnded, TraceEvent
+from tests.chaos_support.diloco_workload import Algorithm
+from tests.chaos_support.ledger import Ledger
+from tests.chaos_support.outer_ledger import OuterLedger
+from tests.chaos_support.progress import ProgressWatch
+from tests.chaos_support.schedule import FaultSchedule
+from tests.chaos_support.trainer import GO_KEY, TrainerConfig, run_trainer
+from tests.chaos_support.workload import FlatState, Workload
 from torchft_pg.chaos.plan import Fault
-from torchft_pg.chaos.progress import ProgressWatch
-from torchft_pg.chaos.schedule import FaultSchedule
-from torchft_pg.chaos.trainer import GO_KEY, TrainerConfig, run_trainer
-from torchft_pg.chaos.workload import FlatState, Workload
 
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "torchft_pg", "torchft_pg.chaos._warm"])
+_CTX.set_forkserver_preload(
+    ["torch", "torch.distributed", "torchft_pg", "tests.chaos_support._warm"]
+)
 
 
 class _Pipe:

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from torchft_pg.chaos.diloco_events import (
+from tests.chaos_support.diloco_events import (
     Healed,
     OuterStepEnded,
     PseudoGradient,
@@ -46,14 +46,14 @@ from torchft_pg.chaos.diloco_events import (
     SnapshotId,
     TraceEvent,
 )
-from torchft_pg.chaos.diloco_workload import (
+from tests.chaos_support.diloco_workload import (
     DiLoCoSettings,
     diloco_flat_state,
     fragment_modules,
     global_digest,
     outer_optimizers,
 )
-from torchft_pg.chaos.workload import FlatState, Workload, state_checksum
+from tests.chaos_support.workload import FlatState, Workload, state_checksum
 
 __all__ = ["DiLoCoHistory", "DiLoCoVerdict", "average", "check"]
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from torchft_pg.chaos.workload import FlatState, flat_state, state_checksum
+from tests.chaos_support.workload import FlatState, flat_state, state_checksum
 
 __all__ = [
     "OUTER_STEPS_KEY",

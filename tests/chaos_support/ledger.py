@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torchft_pg.chaos.events import Contribution, Dying, StepEnded
-from torchft_pg.chaos.oracle import Batch, CommittedStep, History
-from torchft_pg.chaos.workload import Workload
+from tests.chaos_support.events import Contribution, Dying, StepEnded
+from tests.chaos_support.oracle import Batch, CommittedStep, History
+from tests.chaos_support.workload import Workload
 
 __all__ = ["Ledger"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torchft_pg.chaos.workload import (
+from tests.chaos_support.workload import (
     REDUCE_DTYPE,
     FlatState,
     Workload,

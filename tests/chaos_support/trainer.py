@@ -21,15 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from torchft_pg.chaos.diloco_trainer import train_diloco
-from torchft_pg.chaos.diloco_workload import Algorithm
-from torchft_pg.chaos.events import Contribution, Done, Error, Joined, Started, StepEnded
-from torchft_pg.chaos.harness import GO_KEY, Commands, Events, RankHarness, TrainerConfig
-from torchft_pg.chaos.plan import Fault
-from torchft_pg.chaos.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
+from tests.chaos_support.diloco_trainer import train_diloco
+from tests.chaos_support.diloco_workload import Algorithm
+from tests.chaos_support.events import Contribution, Done, Error, Joined, Started, StepEnded
+from tests.chaos_support.harness import GO_KEY, Commands, Events, RankHarness, TrainerConfig
+from tests.chaos_support.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.optim import OptimizerWrapper
-from torchft_pg.process_group import ProcessGroupBabyGloo
 
 __all__ = ["GO_KEY", "TrainerConfig", "run_trainer", "state_checksum"]
 
@@ -113,24 +111,14 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
             if harness.finished(committed):
                 break
             step = manager.current_step()
-            fault = harness.fire_due(step)
-            if fault == Fault.DELAY:
-                time.sleep(config.delay_s)  # the fault itself: a stalled replica
+            harness.fire_due(step)  # a DELAY stalls in there
             if config.step_time_s:
                 time.sleep(config.step_time_s)  # simulated compute, not synchronization
             opt.zero_grad()
             x, y = workload.batch(config.replica, step)
             loss = workload.loss(ddp(x), y)
             batch.data_step, batch.loss = step, float(loss.item())
-            if fault == Fault.KILL_REPLICA:
-                harness.die_now()
-            inner = harness.inner_pg
-            if (
-                fault == Fault.KILL_BABY_CHILD
-                and isinstance(inner, ProcessGroupBabyGloo)
-                and inner.child_pid
-            ):
-                os.kill(inner.child_pid, 9)  # SIGKILL the backend child, not this rank
+            harness.faults.after_forward()  # KILL_REPLICA dies here; KILL_BABY_CHILD strikes
             loss.backward()
             # After the quorum and any heal: the step being voted on.
             before = manager.current_step()
