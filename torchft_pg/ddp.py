@@ -89,7 +89,7 @@ class PureDistributedDataParallel(torch.nn.Module):
                 manager.allreduce(param.grad)
 
         for param in module.parameters():
-            param.register_post_accumulate_grad_hook(reduce_grad)
+            param.register_post_accumulate_grad_hook(reduce_grad)  # type: ignore[no-untyped-call]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

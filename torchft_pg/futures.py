@@ -305,11 +305,11 @@ def stream_timeout(callback: Callable[[], None], timeout: timedelta) -> None:
     _check_timeout(timeout)
     if not torch.cuda.is_available():
         return
-    event = torch.cuda.Event()
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
     event.record()
 
     def check() -> None:
-        if not event.query():
+        if not event.query():  # type: ignore[no-untyped-call]
             callback()
 
     watchdog.schedule(timeout, check)

@@ -50,7 +50,7 @@ __all__ = ["CheckpointHTTPError", "CheckpointTimeoutError", "ChunkFetcher"]
 _GRACE_S = 0.25  # receiver socket slack beyond the server-side wait, seconds
 
 
-class CheckpointHTTPError(RecoveryError, urllib.error.HTTPError):  # type: ignore[misc]
+class CheckpointHTTPError(RecoveryError, urllib.error.HTTPError):
     """The peer answered a checkpoint request with HTTP status `code`.
 
     Also a `urllib.error.HTTPError` (``code``, ``url``, ``headers``); `str()`
