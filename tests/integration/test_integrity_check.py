@@ -66,7 +66,8 @@ def run_rank(
         integrity_check_every=EVERY,
     )
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))
+    hidden, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+    model = torch.nn.Sequential(hidden, head)
     inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
     def load(state: dict[str, Any]) -> None:
@@ -85,7 +86,7 @@ def run_rank(
         while manager.current_step() < steps and iterations < max_iterations:
             if corrupt and flipped_at is None and manager.current_step() == CORRUPT_AT:
                 with torch.no_grad():
-                    model[1].weight.view(-1).view(torch.int32)[5] ^= 1 << 20
+                    head.weight.view(-1).view(torch.int32)[5] ^= 1 << 20
                 flipped_at = CORRUPT_AT
             iterations += 1
             optimizer.zero_grad()
@@ -123,7 +124,7 @@ def test_a_corrupt_group_is_voted_out_and_healed_from_the_majority(
         results = run_in_threads(
             [
                 (
-                    lambda g=g, r=r: run_rank(
+                    lambda g=g, r=r: run_rank(  # type: ignore[misc]
                         lighthouse.address(),
                         stores[g],
                         g,
@@ -178,7 +179,7 @@ def test_two_groups_that_disagree_stop_committing_and_say_why(
         results = run_in_threads(
             [
                 (
-                    lambda g=g: run_rank(
+                    lambda g=g: run_rank(  # type: ignore[misc]
                         lighthouse.address(),
                         stores[g],
                         g,
