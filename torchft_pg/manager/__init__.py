@@ -320,6 +320,12 @@ class Manager:
         """
         return self._vote.should_commit(timeout)
 
+    def set_integrity_check_every(self, every: int | None) -> None:
+        """Change `integrity_check_every` (None or 0: no checks). LocalSGD and
+        DiLoCo turn the check off: between their syncs each replica group trains
+        on its own, so their groups' states legitimately differ."""
+        self._integrity.every = check_every(every)
+
     # -- errors ------------------------------------------------------------------
     def report_error(self, e: Exception) -> None:
         """Mark this step failed: later allreduces are skipped and the vote is no."""

@@ -105,7 +105,7 @@ class IntegrityCheck:
         self._pg = pg
         self._notices = notices
         self._healer = healer
-        self._every = every
+        self.every = every  # steps between checks (None: never); the Manager may change it
         self._timeout = timeout
         self.last_verdict: StateVerdict | None = None  # the latest check's finding
         self.divergences = 0  # checks that found this rank's state (or source) corrupt
@@ -113,7 +113,7 @@ class IntegrityCheck:
     def due(self) -> bool:
         """This step is checked: the quorum's max step (the same on every member,
         healers included) is a positive multiple of `every`."""
-        every, step = self._every, self._state.max_step
+        every, step = self.every, self._state.max_step
         return every is not None and step > 0 and step % every == 0
 
     def run(self) -> None:
