@@ -44,6 +44,7 @@ __all__ = [
     "QuorumRejectedError",
     "QuorumTimeoutError",
     "RecoveryError",
+    "StateDivergedError",
     "is_timeout",
 ]
 
@@ -66,6 +67,12 @@ class ProcessGroupTimeoutError(ProcessGroupError, TimeoutError):
 
 class RecoveryError(FaultToleranceError):
     """Receiving or applying a peer's state dict failed."""
+
+
+class StateDivergedError(FaultToleranceError):
+    """This rank's state (or the state it healed from) differs from the majority of
+    the replica groups', or the groups differ with no majority: silent data
+    corruption caught by the Manager's integrity check."""
 
 
 class CommitFailedError(FaultToleranceError):

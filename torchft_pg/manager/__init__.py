@@ -23,6 +23,8 @@ instead of calling back into the Manager:
   `quorum_plan.plan_quorum` (pure) says what a result asks of this rank;
 * `gradient_sync.GradientSync`: `allreduce`, plain or quantized;
 * `commit_vote.CommitVote`: `should_commit`;
+* `integrity_check.IntegrityCheck`: every few steps, compare the state's
+  fingerprints (`fingerprint`) across groups, judged by `state_verdict` (pure);
 * `step_counters.StepCounters` (pure): step, batches committed, failed
   commits, and how a vote moves them;
 * `participation` (pure): who takes part and how votes count;
@@ -64,6 +66,7 @@ from torchft_pg.manager.config import (
 from torchft_pg.manager.gradient_sync import GradientSync
 from torchft_pg.manager.group_server import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 from torchft_pg.manager.heal import Healer
+from torchft_pg.manager.integrity_check import DEFAULT_CHECK_EVERY, IntegrityCheck, check_every
 from torchft_pg.manager.launcher_watch import should_watch, watch_launcher
 from torchft_pg.manager.notices import NoticeRouter
 from torchft_pg.manager.participation import WorldSizeMode
@@ -92,6 +95,16 @@ class Manager:
     ``TORCHFT_QUORUM_RETRIES`` override the arguments when set. A timeout that
     would make the wrong layer report a fault (see `config.timeout_order_warnings`)
     is named in a warning.
+    `integrity_check_every`: every this many committed steps (at each step
+    whose quorum's max step is a multiple of it), the replica groups compare
+    bit-exact fingerprints of their registered state (parameters, optimizer
+    state; each rank its own shard) before the vote. A group whose state
+    differs from a strict majority's votes no and heals from an up-to-date
+    group at the next quorum; with no majority (e.g. two groups that differ)
+    no group commits, and a WARNING says why. Default 100: silent data
+    corruption is caught within 100 committed steps, for one fingerprint of
+    the state per 100 steps; None or 0 turns the check off. See
+    `integrity_check` and the operations guide.
     `client` (this group's manager server), `connect_manager` (address ->
     client of a healing source's server), `checkpoint_transport` and `clock`
     can be injected: unit tests pass fakes, and then no server or store starts.
@@ -135,11 +148,13 @@ class Manager:
         client: ManagerClientProtocol | None = None,
         connect_manager: Callable[[str], ManagerClientProtocol] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        integrity_check_every: int | None = DEFAULT_CHECK_EVERY,
     ) -> None:
         if min_replica_size < 1:
             raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
         if max_retries is not None and max_retries < 0:
             raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        integrity_every = check_every(integrity_check_every)
         timeouts = ManagerTimeouts.resolve(
             timeout=timeout,
             quorum_timeout=quorum_timeout,
@@ -219,11 +234,20 @@ class Manager:
         self._gradients = GradientSync(
             state=self._state, pg=pg, notices=self._notices, round=self._round, timeout=timeout
         )
+        self._integrity = IntegrityCheck(
+            state=self._state,
+            pg=pg,
+            notices=self._notices,
+            healer=self._healer,
+            every=integrity_every,
+            timeout=timeout,
+        )
         self._vote = CommitVote(
             state=self._state,
             pg=pg,
             notices=self._notices,
             round=self._round,
+            integrity=self._integrity,
             connection=self._connection,
             min_replica_size=min_replica_size,
             max_retries=max_retries,
@@ -295,6 +319,12 @@ class Manager:
         CommitFailedError after more than `max_retries` failed commits in a row.
         """
         return self._vote.should_commit(timeout)
+
+    def set_integrity_check_every(self, every: int | None) -> None:
+        """Change `integrity_check_every` (None or 0: no checks). LocalSGD and
+        DiLoCo turn the check off: between their syncs each replica group trains
+        on its own, so their groups' states legitimately differ."""
+        self._integrity.every = check_every(every)
 
     # -- errors ------------------------------------------------------------------
     def report_error(self, e: Exception) -> None:

@@ -3,7 +3,8 @@ the step is discarded everywhere.
 
 `CommitVote.should_commit` is `Manager.should_commit`: it waits for the
 step's quorum and its in-flight collectives, runs a heal an asynchronous
-quorum left for the vote (`QuorumRound.heal_at_vote`), casts this rank's vote
+quorum left for the vote (`QuorumRound.heal_at_vote`), on a check step
+compares the state with the other groups' (`IntegrityCheck.run`), casts this rank's vote
 (`participation.local_vote`), lets the manager server combine the group's
 votes, settles a heal received this step (`QuorumRound.settle_heal`) and
 moves the counters (`StepCounters.settle`).
@@ -18,6 +19,7 @@ from datetime import timedelta
 
 from lighthouse import QuorumRejectedError
 from torchft_pg.errors import CommitFailedError
+from torchft_pg.manager.integrity_check import IntegrityCheck
 from torchft_pg.manager.notices import NoticeRouter
 from torchft_pg.manager.participation import local_vote
 from torchft_pg.manager.quorum_round import QuorumRound
@@ -47,6 +49,7 @@ class CommitVote:
         pg: ProcessGroup,
         notices: NoticeRouter,
         round: QuorumRound,
+        integrity: IntegrityCheck,
         connection: ServerConnection,
         min_replica_size: int,
         max_retries: int | None,
@@ -57,6 +60,7 @@ class CommitVote:
         self._pg = pg
         self._notices = notices
         self._round = round
+        self._integrity = integrity
         self._connection = connection
         self._counters = state.counters
         self._min_replica_size = min_replica_size
@@ -76,6 +80,7 @@ class CommitVote:
         pg_error = self._pg.errored()
         if pg_error is not None:
             self._state.report_error(pg_error)
+        self._integrity.run()  # on a check step: a corrupt state votes no
         failed = self._state.errored() is not None
         participation = self._state.participation
         participants = 0 if failed else participation.world_size

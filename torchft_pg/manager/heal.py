@@ -120,11 +120,15 @@ class StateDictRegistry:
     def keys(self) -> list[str]:
         return list(self._fns)
 
+    def user_state(self) -> dict[str, Any]:
+        """Every registered state as its save function returns it (live references)."""
+        return {key: save() for key, (_, save) in self._fns.items()}
+
     def payload(self, manager_state: dict[str, int]) -> dict[str, Any]:
         """The state a healing peer receives, as live references: the transport
         copies (HTTP snapshot) or sends (PG push) them before `send_checkpoint` returns."""
         return {
-            "user": {key: save() for key, (_, save) in self._fns.items()},
+            "user": self.user_state(),
             "torchft": dict(manager_state),
         }
 

@@ -285,6 +285,10 @@ class QuorumRound:
         Returns the seconds spent reconfiguring (0.0 for the same quorum), None
         if it failed (reported: this step votes no)."""
         self._state.participation = plan.participation
+        self._state.max_step = result.max_step
+        self._state.replica_rank = result.replica_rank
+        self._state.replica_ids = tuple(result.replica_ids)
+        self._state.heal_source = plan.heal_source if plan.receive_heal else None
         if plan.configure_at is None:
             return 0.0
         logger.info(

@@ -9,7 +9,8 @@ what each part may touch is visible in one place:
 
 * the quorum round writes `epoch`, `quorum_id`, `participants` (under
   `pg_lock`, together with the process group they describe), `participation`,
-  `healing` and `step_time_ms`;
+  `healing`, `step_time_ms` and what the integrity check reads of the quorum
+  (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
 * the server connection writes `replica_id` once it has its incarnation;
@@ -64,6 +65,13 @@ class StepState:
     # Milliseconds between the starts of the last two quorum rounds (sent with the
     # request, for the lighthouse's dashboard).
     step_time_ms: float = 0.0
+    # The step's quorum as the integrity check reads it: the quorum's max step, this
+    # group's rank among its members (its rank in the cross-replica group), the
+    # members' ids in that order, and the member this rank heals from (None: none).
+    max_step: int = 0
+    replica_rank: int = 0
+    replica_ids: tuple[str, ...] = ()
+    heal_source: int | None = None
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
     # -- the step's failure --------------------------------------------------------

@@ -1,0 +1,208 @@
+"""Silent data corruption is caught: replica groups compare fingerprints of their
+state every few steps, and a group whose state differs is voted out and healed.
+
+Ranks run as threads of this process, each replica group on its own TCPStore,
+against a real lighthouse, over real gRPC and Gloo. One group's parameter has
+one bit flipped between two steps (as a faulty memory would); within
+`EVERY` steps the check must catch it, that group must vote no, heal from a
+majority member, and every group must end bit-identical. With two groups
+that disagree there is no majority: no step commits, and the log says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+from lighthouse import LighthouseServer
+from tests.threads import run_in_threads
+from torchft_pg import DistributedDataParallel, OptimizerWrapper, ProcessGroupGloo
+from torchft_pg.manager import Manager
+
+EVERY = 3  # steps between checks
+STEPS = 9
+CORRUPT_AT = 4  # the corrupt group flips a bit after committing this step
+TIMEOUT = timedelta(seconds=30)
+MAX_ITERATIONS = 40  # bounds every loop: a livelock fails here instead of hanging
+
+
+def new_store() -> TCPStore:
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+
+def run_rank(
+    lighthouse: str,
+    store: TCPStore,
+    replica: int,
+    rank: int,
+    ranks: int,
+    corrupt: bool,
+    steps: int,
+    max_iterations: int = MAX_ITERATIONS,
+    give_up_after: int | None = None,
+    min_replica_size: int = 1,
+) -> dict[str, Any]:
+    """One rank of group `replica`: train until its step reaches `steps` (or
+    `max_iterations` attempts, or `give_up_after` discarded attempts at one
+    step); a `corrupt` rank flips one bit of its second layer's weight once it
+    has committed step CORRUPT_AT."""
+    manager = Manager(
+        ProcessGroupGloo(timeout=TIMEOUT),
+        min_replica_size=min_replica_size,
+        rank=rank,
+        world_size=ranks,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"group{replica}",
+        timeout=TIMEOUT,
+        quorum_timeout=TIMEOUT,
+        connect_timeout=TIMEOUT,
+        integrity_check_every=EVERY,
+    )
+    torch.manual_seed(0)
+    hidden, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+    model = torch.nn.Sequential(hidden, head)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def load(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    manager.set_state_dict_fns(
+        load, lambda: {"model": model.state_dict(), "optim": inner.state_dict()}
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = OptimizerWrapper(manager, inner)
+    iterations = 0
+    flipped_at: int | None = None
+    discarded_at: list[int] = []
+    try:
+        while manager.current_step() < steps and iterations < max_iterations:
+            if corrupt and flipped_at is None and manager.current_step() == CORRUPT_AT:
+                with torch.no_grad():
+                    head.weight.view(-1).view(torch.int32)[5] ^= 1 << 20
+                flipped_at = CORRUPT_AT
+            iterations += 1
+            optimizer.zero_grad()
+            step = manager.current_step()
+            x = torch.randn(8, 4, generator=torch.Generator().manual_seed(100 * step + rank))
+            ddp(x).pow(2).mean().backward()
+            optimizer.step()
+            if manager.current_step() == step:
+                discarded_at.append(step)
+                if give_up_after is not None and discarded_at.count(step) >= give_up_after:
+                    break
+        return {
+            "step": manager.current_step(),
+            "discarded_at": discarded_at,
+            "divergences": manager._integrity.divergences,
+            "params": [p.detach().clone() for p in model.parameters()],
+        }
+    finally:
+        manager.shutdown(wait=False)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("use_groups_ranks", [(3, 1), (3, 2)], ids=["3x1", "3x2"])
+def test_a_corrupt_group_is_voted_out_and_healed_from_the_majority(
+    use_groups_ranks: tuple[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    groups, ranks = use_groups_ranks
+    caplog.set_level(logging.WARNING, logger="torchft_pg.manager.integrity_check")
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=groups, join_timeout_ms=60_000, http_bind=None
+    )
+    stores = [new_store() for _ in range(groups)]
+    corrupt_group = 1
+    try:
+        results = run_in_threads(
+            [
+                (
+                    lambda g=g, r=r: run_rank(  # type: ignore[misc]
+                        lighthouse.address(),
+                        stores[g],
+                        g,
+                        r,
+                        ranks,
+                        corrupt=(g == corrupt_group and r == 0),
+                        steps=STEPS,
+                    )
+                )
+                for g in range(groups)
+                for r in range(ranks)
+            ],
+            timeout_s=200,
+        )
+    finally:
+        lighthouse.shutdown()
+    by_key = {(g, r): results[g * ranks + r] for g in range(groups) for r in range(ranks)}
+    for key, res in by_key.items():
+        assert res["step"] == STEPS, f"group/rank {key} stopped at step {res['step']}"
+    # caught at the first check after the flip (step 6), by the corrupt rank itself
+    caught = (CORRUPT_AT // EVERY + 1) * EVERY
+    assert by_key[(corrupt_group, 0)]["divergences"] >= 1
+    assert caught in by_key[(corrupt_group, 0)]["discarded_at"]
+    for g in range(groups):
+        if g != corrupt_group:
+            assert by_key[(g, 0)]["divergences"] == 0
+    for r in range(ranks):
+        for g in range(1, groups):
+            for a, b in zip(by_key[(0, r)]["params"], by_key[(g, r)]["params"], strict=True):
+                assert torch.equal(a, b), f"groups 0 and {g} differ at rank {r}"
+    lines = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert any(
+        "silent data corruption: replica group1" in line
+        and f"at step {caught}" in line
+        and "group rank 0" in line
+        and "1.weight" in line
+        for line in lines
+    ), lines
+
+
+@pytest.mark.timeout(240)
+def test_two_groups_that_disagree_stop_committing_and_say_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="torchft_pg.manager.integrity_check")
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=60_000, http_bind=None
+    )
+    stores = [new_store() for _ in range(2)]
+    attempts = 4  # attempts beyond the corruption: none may commit
+    try:
+        results = run_in_threads(
+            [
+                (
+                    lambda g=g: run_rank(  # type: ignore[misc]
+                        lighthouse.address(),
+                        stores[g],
+                        g,
+                        0,
+                        1,
+                        corrupt=(g == 1),
+                        steps=STEPS,
+                        give_up_after=attempts,
+                        min_replica_size=2,  # neither group commits alone once the other stops
+                    )
+                )
+                for g in range(2)
+            ],
+            timeout_s=200,
+        )
+    finally:
+        lighthouse.shutdown()
+    caught = (CORRUPT_AT // EVERY + 1) * EVERY
+    for res in results:
+        assert res["step"] == caught, res["step"]
+        assert res["discarded_at"].count(caught) == attempts
+    lines = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert any(
+        "no majority" in line and "stops committing" in line and f"at step {caught}" in line
+        for line in lines
+    ), lines
