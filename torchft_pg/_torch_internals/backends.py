@@ -93,10 +93,21 @@ def gloo_options(timeout: timedelta, device: Any) -> Any:
     return options
 
 
-def set_options_timeout(options: Any, timeout: timedelta) -> bool:
+def set_options_timeout(options: Any, timeout: timedelta, *, required: bool = True) -> bool:
     """Set a backend's `options` timeout (``Backend.Options._timeout``) before it
-    is built; False when these options have none."""
+    is built; True when set.
+
+    Options without one raise RuntimeError naming it when `required`, else
+    return False (a backend whose own default timeout is acceptable).
+    """
     if not hasattr(options, "_timeout"):
-        return False
+        if not required:
+            return False
+        from torchft_pg._torch_internals import checked_versions_note
+
+        raise RuntimeError(
+            f"{type(options).__qualname__} has no _timeout, which torchft_pg sets before "
+            f"building the backend; {checked_versions_note()}"
+        )
     options._timeout = timeout
     return True

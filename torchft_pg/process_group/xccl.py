@@ -60,7 +60,7 @@ def create_xccl_group(
         raise ProcessGroupError(f"an XCCL group needs XCCL and an Intel XPU, but {missing}")
     xccl: Any = getattr(dist, "ProcessGroupXCCL")  # noqa: B009  (absent from torch's stubs)
     opts = xccl.Options()
-    _torch_internals.set_options_timeout(opts, timeout)
+    _torch_internals.set_options_timeout(opts, timeout, required=False)
     backend = xccl(store, rank, world_size, opts)
     _torch_internals.start_sequence_numbers(backend)
     device = torch.device("xpu", torch.xpu.current_device())
