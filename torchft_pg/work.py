@@ -11,9 +11,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 from torch.futures import Future
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.futures import ProxyFuture, future_for
 
@@ -147,7 +148,7 @@ class ErrorSwallowingWork(Work):
             self._report(e)
 
     def _source_rank(self) -> int:
-        return int(self._work._source_rank())
+        return _torch_internals.source_rank(self._work)
 
 
 class AbortSignal:
@@ -318,7 +319,7 @@ class AbortableWork(Work):
         self._work.synchronize()
 
     def _source_rank(self) -> int:
-        return int(self._work._source_rank())
+        return _torch_internals.source_rank(self._work)
 
 
 def _waited_future(work: Work, timeout: timedelta, outputs: Any) -> Future[Any]:

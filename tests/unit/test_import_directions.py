@@ -62,18 +62,32 @@ Rules:
    (its parts). A part never imports the facade: the parts share a
    ``StepState`` instead of calling back into their owner. No torchft_pg
    module outside the package imports a part: only the facade.
+9. Only ``torchft_pg._torch_internals`` (and its submodules) reads private parts
+   of torch: no other torchft_pg module imports ``torch._C`` (or any torch
+   module with a private part), imports a ``_``-name from torch, or reads a
+   ``_``-attribute torch defines (see ``tests/torch_private_reads.py`` for what
+   counts). Names torch exports publicly come from their public path
+   (``torch.distributed.Work``), the rest through ``_torch_internals``. The
+   modules in `PRIVATE_TORCH_EXEMPT` are exempt until they are moved.
 
-Rules 1-4 and 6-8 count type-only edges too: they are about which way the code
+Rules 1-4 and 6-9 count type-only edges too: they are about which way the code
 depends, and a type is a dependency.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.torch_private_reads import (
+    names_defined_in,
+    private_reads,
+    torch_private_names,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FACADES = {"lighthouse", "lighthouse.__main__", "lighthouse.testing"}
@@ -375,3 +389,75 @@ def test_no_shipped_module_imports_the_tests() -> None:
 def test_the_shipped_chaos_package_exists_and_is_checked() -> None:
     # Rule 7 is about this package in particular: it must stay among the modules read.
     assert {"torchft_pg.chaos", "torchft_pg.chaos.replica_faults"} <= set(MODULES)
+
+
+INTERNALS = "torchft_pg._torch_internals"
+# Modules allowed to read private torch outside the internals package (none): an
+# entry no longer needed fails `test_every_exemption_from_the_internals_rule_is_still_needed`.
+PRIVATE_TORCH_EXEMPT: dict[str, str] = {}
+
+
+@functools.cache
+def _private_torch_reads() -> dict[str, list[str]]:
+    """Each torchft_pg module outside the internals package -> its reads of private torch."""
+    ours = [path for name, path in MODULES.items() if _under(name, "torchft_pg")]
+    private, defined = torch_private_names(), names_defined_in(ours)
+    found = {}
+    for name, path in MODULES.items():
+        if _under(name, "torchft_pg") and not _under(name, INTERNALS):
+            reads = private_reads(path.read_text(), private, defined)
+            if reads:
+                found[name] = [str(r) for r in reads]
+    return found
+
+
+def test_the_private_torch_scan_finds_imports_attributes_and_names_in_strings() -> None:
+    source = (
+        "import torch._C._distributed_c10d as c10d_ext\n"
+        "from torch._C._distributed_c10d import Work\n"
+        "from torch.distributed.distributed_c10d import _world, GroupName\n"
+        "from torch.distributed import ProcessGroup\n"
+        "def f(pg, storage):\n"
+        "    pg._register_backend(1, 2, 3)\n"
+        "    setter = getattr(pg, '_set_default_timeout', None)\n"
+        "    return storage._share_fd_cpu_()\n"
+        "class G(ProcessGroup):\n"
+        "    def _source_rank(self):\n"
+        "        return self._source_rank() + self._set_group_name('x')\n"
+    )
+    private = frozenset(
+        {
+            "_register_backend",
+            "_set_default_timeout",
+            "_share_fd_cpu_",
+            "_source_rank",
+            "_set_group_name",
+            "_world",
+        }
+    )
+    reads = private_reads(source, private, defined=frozenset({"_source_rank"}))
+    assert [(r.line, r.name) for r in reads] == [
+        (1, "torch._C._distributed_c10d"),
+        (2, "Work"),
+        (3, "_world"),
+        (6, "_register_backend"),
+        (7, "_set_default_timeout"),
+        (8, "_share_fd_cpu_"),
+        (11, "_set_group_name"),  # an override of our own (_source_rank) is no read
+    ]
+
+
+def test_only_the_torch_internals_package_reads_private_torch() -> None:
+    found = _private_torch_reads()
+    bad = {name: reads for name, reads in found.items() if name not in PRIVATE_TORCH_EXEMPT}
+    assert bad == {}, (
+        "read private torch through torchft_pg._torch_internals (a function there that "
+        "names what it reads), and public names from their public path, e.g. "
+        f"torch.distributed.Work: {bad}"
+    )
+
+
+def test_every_exemption_from_the_internals_rule_is_still_needed() -> None:
+    found = _private_torch_reads()
+    stale = [name for name in PRIVATE_TORCH_EXEMPT if name not in found]
+    assert stale == [], f"no longer read private torch: drop from PRIVATE_TORCH_EXEMPT: {stale}"

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 
 from torchft_pg.checkpointing import CheckpointTransport
 from torchft_pg.manager import Manager

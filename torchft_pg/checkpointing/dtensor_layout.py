@@ -124,8 +124,10 @@ def describe_layouts(
 def _mesh_spec(mesh: DeviceMesh) -> MeshSpec | None:
     """`mesh` as its root mesh plus the names to slice, if slicing them gives
     `mesh` back; else `mesh` as a whole; None if it has no process groups."""
+    from torchft_pg._torch_internals import root_mesh
+
     try:
-        root = mesh._get_root_mesh()
+        root = root_mesh(mesh)
         names, root_names = mesh.mesh_dim_names, root.mesh_dim_names
         if (
             root is not mesh
@@ -161,19 +163,16 @@ def _whole_mesh_spec(mesh: DeviceMesh) -> MeshSpec | None:
 
 
 def _placement(p: Any) -> Placement | None:
-    from torch.distributed.tensor.placement_types import (
-        Partial,
-        Replicate,
-        Shard,
-        _StridedShard,
-    )
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    from torchft_pg._torch_internals import strided_shard_type
 
     kind = type(p)
     if kind is Replicate:
         return ("R",)
     if kind is Shard:
         return ("S", int(p.dim))
-    if kind is _StridedShard:
+    if kind is strided_shard_type():
         return ("SS", int(p.dim), int(p.split_factor))
     if kind is Partial and p.reduce_op in _REDUCE_OPS:
         return ("P", str(p.reduce_op))
@@ -350,6 +349,8 @@ def rebuild(
     """
     from torch.distributed.tensor import DTensor
 
+    from torchft_pg._torch_internals import dtensor_like
+
     try:
         mesh = meshes.get(layout.mesh)
         if mesh is None:
@@ -365,7 +366,7 @@ def rebuild(
         if mesh.get_coordinate() is None:
             # This rank is not in the mesh: from_local left an empty shard, but the
             # sender's DTensor held one (as torch leaves a non-member's): keep it.
-            dt = DTensor(local, dt._spec, requires_grad=False)
+            dt = dtensor_like(local, dt)
         return dt
     except RecoveryError as exc:
         raise RecoveryError(f"DTensor at {path!r}: {exc}") from exc
@@ -408,13 +409,10 @@ def _group(name: str, dim: int, spec: MeshSpec) -> Any:
     ranks, so the sender's names never exist in the receiver; the receiver's
     own mesh over the same (group-local) ranks is the equivalent one.
     """
-    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
+    from torchft_pg._torch_internals import resolve_group
 
     members = _members_along(spec, dim)
-    try:
-        group = _resolve_process_group(GroupName(name))
-    except RuntimeError:
-        group = None
+    group = resolve_group(name)
     if group is not None and (members is None or _ranks_of(group) == members):
         return group
     equivalent = _group_with_members(members, spec, dim) if members is not None else None
@@ -455,8 +453,7 @@ def _group_with_members(members: list[int], spec: MeshSpec, dim: int) -> Any:
     """A group of this process created by c10d (never a fault-tolerant one, which
     spans replica groups) whose ranks, in group-rank order, are `members`;
     preferring the one DeviceMesh made for this dimension's name."""
-    from torchft_pg._torch_internals import c10d_groups
-    from torchft_pg.process_group._c10d_tables import is_ours
+    from torchft_pg._torch_internals import c10d_groups, is_ours
 
     candidates = [g for g in c10d_groups() if not is_ours(g) and _ranks_of(g) == members]
     if not candidates:
@@ -470,17 +467,14 @@ def _group_with_members(members: list[int], spec: MeshSpec, dim: int) -> Any:
 
 
 def _to_placement(p: Placement) -> Any:
-    from torch.distributed.tensor.placement_types import (
-        Partial,
-        Replicate,
-        Shard,
-        _StridedShard,
-    )
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    from torchft_pg._torch_internals import strided_shard_type
 
     if p[0] == "R":
         return Replicate()
     if p[0] == "S":
         return Shard(p[1])
     if p[0] == "SS":
-        return _StridedShard(p[1], split_factor=p[2])
+        return strided_shard_type()(p[1], split_factor=p[2])
     return Partial(p[1])

@@ -48,7 +48,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
-from torch._C._distributed_c10d import ReduceOp, Work
+from torch.distributed import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import ManagerClient, ManagerClientProtocol

@@ -15,8 +15,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import AllgatherOptions, ReduceOp, Work
+from torch.distributed import ReduceOp, Work
 
+from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.manager.notices import NoticeRouter
 from torchft_pg.manager.quorum_round import QuorumRound

@@ -34,8 +34,8 @@ import logging
 from datetime import timedelta
 
 import torch
-from torch._C._distributed_c10d import AllgatherOptions
 
+from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.errors import StateDivergedError
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.manager.fingerprint import (

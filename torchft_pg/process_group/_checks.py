@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
+from torch.distributed import AllreduceOptions, ReduceOp
 
 
 def allreduce_options(opts: AllreduceOptions | ReduceOp | ReduceOp.RedOpType) -> AllreduceOptions:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 
 from torchft_pg.futures import watchdog
 

@@ -25,9 +25,10 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 from torch.futures import Future
 
+from torchft_pg import _torch_internals
 from torchft_pg.futures import tensors_in
 from torchft_pg.work import completed_work
 
@@ -58,18 +59,11 @@ GLOO_CUDA_OPS = frozenset(
 )
 
 
-# c10d's names for these ops before torch 2.7 (some builds bind only those).
-_OLDER_NAMES = {
-    "all_gather_single": "_allgather_base",
-    "reduce_scatter_single": "_reduce_scatter_base",
-}
-
-
 def backend_op(group: Any, op: str) -> Any:
     """`group`'s bound method for `op`, under its older c10d name where the new one is absent."""
     method = getattr(group, op, None)
-    if method is None and op in _OLDER_NAMES:
-        method = getattr(group, _OLDER_NAMES[op], None)
+    if method is None and op in _torch_internals.OLDER_OP_NAMES:
+        method = getattr(group, _torch_internals.OLDER_OP_NAMES[op], None)
     if method is None:
         raise NotImplementedError(f"{type(group).__name__} has no {op}")
     return method
@@ -251,4 +245,4 @@ class StagedWork(Work):
 
     def _source_rank(self) -> int:
         """The sender of a completed `recv_anysource` (what ``dist.recv`` returns)."""
-        return int(self._work._source_rank())
+        return _torch_internals.source_rank(self._work)

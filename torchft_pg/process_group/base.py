@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import (
-    AllgatherOptions,
+from torch.distributed import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
@@ -25,9 +24,10 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     Work,
 )
-from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
+from torch.distributed import ProcessGroup as BaseProcessGroup
 
-from torchft_pg.process_group import _c10d_tables
+from torchft_pg import _torch_internals
+from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.store import StoreAddress
 
 __all__ = [
@@ -178,6 +178,8 @@ class ProcessGroup(BaseProcessGroup):
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
+        # c10d's group tables answer for our groups from the first one on, not from import.
+        _torch_internals.answer_for(ProcessGroup)
         super().__init__(0, 1)  # type: ignore[call-arg]  # c10d sees size 1; see module doc
         self._group_name: str | None = None
         self._registered: BaseProcessGroup | None = None
@@ -322,7 +324,7 @@ class ProcessGroup(BaseProcessGroup):
         Creates a c10d group (on the default group's local rank) whose backend
         is this object, so ``_functional_collectives.all_reduce(t, "sum", pg)``
         and ``DeviceMesh.from_group`` resolve it. Needs ``init_process_group``.
-        Its rank table stays this group's live one (see `_c10d_tables`).
+        Its rank table stays this group's live one (see `_torch_internals.c10d_tables`).
         """
         if not name or not isinstance(name, str):
             raise ValueError(f"register() needs a non-empty group name, got {name!r}")
@@ -331,7 +333,7 @@ class ProcessGroup(BaseProcessGroup):
                 "register() needs torch.distributed.init_process_group() first: c10d "
                 "groups are created relative to the default group"
             )
-        if self._registered is not None and not _c10d_tables.is_registered(self._registered):
+        if self._registered is not None and not _torch_internals.is_registered(self._registered):
             self._forget_registration()  # destroyed through dist.destroy_process_group
         if self._registered is not None:
             raise RuntimeError(
@@ -351,13 +353,13 @@ class ProcessGroup(BaseProcessGroup):
             use_local_synchronization=True,
         )
         assert group is not None
-        _c10d_tables.drop_rank_table(group)  # the size-1 view c10d stored: ours is live
+        _torch_internals.drop_rank_table(group)  # the size-1 view c10d stored: ours is live
         self._registered = group
         # With a factory that returns a ProcessGroup, c10d registers that object
         # itself and keeps its name only in its own table.
-        name_in_c10d: str = _c10d_world().pg_names[group]
+        name_in_c10d = _torch_internals.c10d_group_name(group)
         if group is self:
-            self._set_group_name(name_in_c10d)
+            _torch_internals.set_group_name(self, name_in_c10d)
         self._group_name = name_in_c10d
         return group
 
@@ -368,7 +370,7 @@ class ProcessGroup(BaseProcessGroup):
         works, and shuts the group down as c10d does for any group.)
         """
         group = self._registered
-        if group is not None and dist.is_initialized() and _c10d_tables.is_registered(group):
+        if group is not None and dist.is_initialized() and _torch_internals.is_registered(group):
             self._keep_alive_on_destroy = True
             try:
                 dist.destroy_process_group(group)  # reads group_name: clear it afterwards
@@ -390,7 +392,7 @@ class ProcessGroup(BaseProcessGroup):
         """
         return self._c10d_name()
 
-    # -- what c10d's tables answer for this group (see `_c10d_tables`) -------------
+    # -- what c10d's tables answer for this group (see `_torch_internals.c10d_tables`)
     C10D_BACKEND = "torchft"  # what dist.get_backend(pg) reports; subclasses name theirs
 
     def _c10d_name(self) -> str:
@@ -422,12 +424,3 @@ class ProcessGroup(BaseProcessGroup):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-def _c10d_world() -> Any:
-    from torch.distributed.distributed_c10d import _world
-
-    return _world
-
-
-_c10d_tables.install(ProcessGroup)

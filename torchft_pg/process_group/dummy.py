@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 
 from torchft_pg.process_group.base import (
     ProcessGroup,

@@ -13,13 +13,10 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
-from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
-    ReduceOp,
-    Work,
-    _create_work_from_future,
-)
+from torch.distributed import ReduceOp, Work
 from torch.futures import Future, collect_all
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import NotConfiguredError
 from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.process_group.reconfigurable import ProcessGroupWrapper
@@ -207,4 +204,4 @@ class ManagedProcessGroup(ErrorSwallowingProcessGroupWrapper):
         # The Manager's futures yield one tensor; c10d's yield the list of tensors.
         works = [self._manager.allreduce(t, reduce_op=opts.reduceOp) for t in tensors]
         fut = collect_all([w.get_future() for w in works]).then(lambda _: tensors)
-        return _create_work_from_future(fut)
+        return _torch_internals.work_from_future(fut)

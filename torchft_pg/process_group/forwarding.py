@@ -19,8 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import (
-    AllgatherOptions,
+from torch.distributed import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
@@ -34,6 +33,7 @@ from torch._C._distributed_c10d import (
     Work,
 )
 
+from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.process_group import _checks
 from torchft_pg.process_group._staging import alltoall_through_one_buffer, staged_work
 from torchft_pg.process_group.base import ProcessGroup

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
-from torch._C._distributed_c10d import Work
-from torch.distributed import Store
+from torch.distributed import ProcessGroup as BaseProcessGroup
+from torch.distributed import Store, Work
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import ProcessGroupAbortedError
 from torchft_pg.process_group import _reaper
 from torchft_pg.process_group._bounded_build import Abandoned, build_within
@@ -33,20 +33,17 @@ def create_gloo_group(
     leaves the choice to torch (the interfaces in ``GLOO_SOCKET_IFNAME``, else
     whatever this machine's hostname resolves to, which is often loopback).
     """
-    pg = BaseProcessGroup(store, rank, world_size)
     if hostname:
-        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-        options._timeout = timeout
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname=hostname)]
+        device = dist.ProcessGroupGloo.create_device(hostname=hostname)
+        options = _torch_internals.gloo_options(timeout, device)
         backend = dist.ProcessGroupGloo(store, rank, world_size, options)
     else:
         backend = dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    backend._set_sequence_number_for_group()
-    pg._register_backend(torch.device("cpu"), BaseProcessGroup.BackendType.GLOO, backend)
-    if torch.cuda.is_available():
-        pg._register_backend(torch.device("cuda"), BaseProcessGroup.BackendType.GLOO, backend)
-    pg._set_default_backend(BaseProcessGroup.BackendType.GLOO)
-    return pg
+    _torch_internals.start_sequence_numbers(backend)
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return _torch_internals.c10d_group_over(
+        store, rank, world_size, backend, BaseProcessGroup.BackendType.GLOO, devices
+    )
 
 
 class ProcessGroupGloo(ProcessGroupWrapper):

@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BarrierOptions, Work
-from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
-from torch.distributed import Store
+from torch.distributed import BarrierOptions, Store, Work
+from torch.distributed import ProcessGroup as BaseProcessGroup
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupTimeoutError
 from torchft_pg.process_group import _flight_recorder
 from torchft_pg.process_group._deadlines import bound_by_deadline
@@ -55,14 +55,13 @@ def create_nccl_group(
         raise RuntimeError("ProcessGroupNCCL needs a CUDA device and a torch build with NCCL")
     opts = dist.ProcessGroupNCCL.Options()
     opts.config.blocking = False
-    opts._timeout = timeout
-    pg = BaseProcessGroup(store, rank, world_size)
+    _torch_internals.set_options_timeout(opts, timeout)
     backend = dist.ProcessGroupNCCL(store, rank, world_size, opts)
-    backend._set_sequence_number_for_group()
+    _torch_internals.start_sequence_numbers(backend)
     backend.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
-    pg._register_backend(torch.device("cuda"), BaseProcessGroup.BackendType.NCCL, backend)
-    pg._set_default_backend(BaseProcessGroup.BackendType.NCCL)
-    return pg
+    return _torch_internals.c10d_group_over(
+        store, rank, world_size, backend, BaseProcessGroup.BackendType.NCCL, ["cuda"]
+    )
 
 
 class ProcessGroupNCCL(ProcessGroupWrapper):

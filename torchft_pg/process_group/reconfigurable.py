@@ -20,9 +20,9 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import Work
-from torch.distributed import Store
+from torch.distributed import Store, Work
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import (
     NotConfiguredError,
     ProcessGroupAbortedError,
@@ -258,9 +258,7 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
         timeout = self._timeout = as_timeout(timeout)
         pg = self._pg
         if pg is not None:
-            setter = getattr(pg, "set_timeout", None) or getattr(pg, "_set_default_timeout", None)
-            if setter is not None:
-                setter(timeout)
+            _torch_internals.set_timeout_of(pg, timeout)
 
     def size(self) -> int:
         if self._wrapped is not None:

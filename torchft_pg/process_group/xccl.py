@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import BarrierOptions
-from torch._C._distributed_c10d import ProcessGroup as BaseProcessGroup
-from torch.distributed import Store
+from torch.distributed import BarrierOptions, Store
+from torch.distributed import ProcessGroup as BaseProcessGroup
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import ProcessGroupAbortedError, ProcessGroupError
 from torchft_pg.process_group.reconfigurable import DEFAULT_TIMEOUT, ProcessGroupWrapper
 from torchft_pg.store import StoreAddress
@@ -60,17 +60,13 @@ def create_xccl_group(
         raise ProcessGroupError(f"an XCCL group needs XCCL and an Intel XPU, but {missing}")
     xccl: Any = getattr(dist, "ProcessGroupXCCL")  # noqa: B009  (absent from torch's stubs)
     opts = xccl.Options()
-    if hasattr(opts, "_timeout"):
-        opts._timeout = timeout
-    pg = BaseProcessGroup(store, rank, world_size)
+    _torch_internals.set_options_timeout(opts, timeout, required=False)
     backend = xccl(store, rank, world_size, opts)
-    backend._set_sequence_number_for_group()
+    _torch_internals.start_sequence_numbers(backend)
     device = torch.device("xpu", torch.xpu.current_device())
     backend.eager_connect_single_device(device)
     backend_type: Any = BaseProcessGroup.BackendType.XCCL
-    pg._register_backend(torch.device("xpu"), backend_type, backend)
-    pg._set_default_backend(backend_type)
-    return pg
+    return _torch_internals.c10d_group_over(store, rank, world_size, backend, backend_type, ["xpu"])
 
 
 class ProcessGroupXCCL(ProcessGroupWrapper):

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 
 from torchft_pg.quantization import Quantization
 from torchft_pg.semisync._tensors import Bucket, like_param, local_view, pack

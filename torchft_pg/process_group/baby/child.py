@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from torchft_pg import _torch_internals
 from torchft_pg.errors import is_timeout
 from torchft_pg.process_group import _reaper
 from torchft_pg.process_group._staging import backend_op
@@ -174,7 +175,7 @@ class _Reply:
     def _send(self, error: str | None) -> None:
         source = None
         if error is None and self._want_source:
-            source = self._work._source_rank()
+            source = _torch_internals.source_rank(self._work)
         results = proto.result_buffers(self._inline) if error is None else []
         _send_done(self._sock, self._op_id, error, results, source)
 

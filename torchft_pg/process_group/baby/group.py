@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch._C._distributed_c10d import Work
+from torch.distributed import Work
 from torch.futures import Future
 
 from torchft_pg.errors import (

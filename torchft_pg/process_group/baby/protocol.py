@@ -35,8 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch._C._distributed_c10d import (
-    AllgatherOptions,
+from torch.distributed import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
     AllToAllOptions,
@@ -49,6 +48,11 @@ from torch._C._distributed_c10d import (
     ScatterOptions,
 )
 
+from torchft_pg._torch_internals import (
+    AllgatherOptions,
+    share_storage_fd,
+    storage_from_fd,
+)
 from torchft_pg.process_group.baby.messages import INLINE_MAX_BYTES
 
 __all__ = [
@@ -301,7 +305,7 @@ def _encode_tensor(t: torch.Tensor, out: EncodedArgs, registry: SharedStorageReg
     if not storage.is_shared():
         target.share_memory_()  # moves the storage to shared memory in place, once
         storage = target.untyped_storage()
-    fd, size = storage._share_fd_cpu_()
+    fd, size = share_storage_fd(storage)
     key, known = registry.key_for(fd, size)
     fd_index = -1
     if not known:
@@ -395,7 +399,7 @@ class ChildTensors:
         if storage is None:
             if fd_index < 0:
                 raise RuntimeError(f"Baby PG child lost shared storage {key}")
-            storage = torch.UntypedStorage._new_shared_fd_cpu(os.dup(fds[fd_index]), size)  # type: ignore[attr-defined]
+            storage = storage_from_fd(os.dup(fds[fd_index]), size)
             self._storages[key] = storage
         return torch.empty(0, dtype=_DTYPES[dtype_name], device="cpu").set_(
             storage, offset, shape, stride
