@@ -72,10 +72,11 @@ test-slow: install-test-extras  ## long soak runs (100 kills)
 
 LINTED = torchft_pg lighthouse tests bench examples compat
 
-lint:  ## ruff check, ruff format --check and mypy (code and tests), as CI runs them
+lint:  ## ruff check, ruff format --check, mypy (code and tests) and mypy --strict (the shipped packages), as CI runs them
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
 	$(PY) -m mypy
+	$(PY) -m mypy --strict torchft_pg lighthouse
 
 docs:  ## the reference site (docs/ and the API from the docstrings) in docs/_build/html; warnings are errors
 	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html

@@ -173,3 +173,17 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
         torchft_pg.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(ImportError):
         from torchft_pg import NoSuchThing  # type: ignore[attr-defined]  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "from torchft_pg.device_mesh import ft_init_device_mesh",
+        "from torchft_pg.process_group import ft_init_device_mesh, extend_device_mesh",
+        "import torchft_pg.process_group.base",
+    ],
+)
+def test_each_entry_point_imports_first_in_a_fresh_interpreter(statement: str) -> None:
+    # The device-mesh helpers build on the process groups, which also export them:
+    # whichever a user imports first, there is no import cycle.
+    assert "torchft_pg.process_group" in _loaded_after(statement)

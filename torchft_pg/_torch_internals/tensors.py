@@ -57,7 +57,7 @@ RELIED_ON: tuple[PrivateName, ...] = (
 def share_storage_fd(storage: torch.UntypedStorage) -> tuple[int, int]:
     """The file descriptor and byte size of a CPU `storage` in shared memory
     (``UntypedStorage._share_fd_cpu_``): what another process maps to see it."""
-    fd, size = storage._share_fd_cpu_()  # type: ignore[attr-defined]
+    fd, size = storage._share_fd_cpu_()  # type: ignore[attr-defined, unused-ignore]
     return int(fd), int(size)
 
 
@@ -83,7 +83,7 @@ def dtensor_like(local: torch.Tensor, template: DTensor) -> DTensor:
     """
     from torch.distributed.tensor import DTensor
 
-    return DTensor(local, template._spec, requires_grad=False)  # type: ignore[call-arg]
+    return DTensor(local, template._spec, requires_grad=False)  # type: ignore[call-arg, no-untyped-call, unused-ignore]
 
 
 def strided_shard_type() -> type[Any]:

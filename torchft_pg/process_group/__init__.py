@@ -5,8 +5,8 @@ to `torch.distributed` calls, and re-form at run time with
 ``configure(store_addr, rank, world_size)``.
 """
 
-# After the groups: device_mesh builds on them (torchft exports these from here too).
-from torchft_pg.device_mesh import extend_device_mesh, ft_init_device_mesh
+from typing import Any
+
 from torchft_pg.process_group.baby import (
     ProcessGroupBaby,
     ProcessGroupBabyGloo,
@@ -49,3 +49,15 @@ __all__ = [
     "extend_device_mesh",
     "ft_init_device_mesh",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # torchft exports its device-mesh helpers from here too. They build on this
+    # package (`torchft_pg.device_mesh` imports it), so they are imported on first
+    # use: an eager import made `import torchft_pg.device_mesh`, run first in a
+    # process, fail on the cycle.
+    if name in ("extend_device_mesh", "ft_init_device_mesh"):
+        from torchft_pg import device_mesh
+
+        return getattr(device_mesh, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -361,7 +361,8 @@ class ProcessGroup(BaseProcessGroup):
         if group is self:
             _torch_internals.set_group_name(self, name_in_c10d)
         self._group_name = name_in_c10d
-        return group
+        registered: ProcessGroup = group
+        return registered
 
     def unregister(self) -> None:
         """Remove the c10d registration made by `register`; idempotent.

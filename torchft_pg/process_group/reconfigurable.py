@@ -152,7 +152,8 @@ class ProcessGroupWrapper(ForwardingProcessGroup):
     def _run(self, op: str, outputs: Any, *args: Any) -> Work:
         """Run collective `op` on the inner group (its c10d method of that name).
         `outputs` is what its future yields."""
-        return backend_op(self.parent, op)(*args)
+        work: Work = backend_op(self.parent, op)(*args)
+        return work
 
     # -- lifecycle ---------------------------------------------------------------
     @property

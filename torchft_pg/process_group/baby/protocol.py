@@ -303,7 +303,7 @@ def _encode_tensor(t: torch.Tensor, out: EncodedArgs, registry: SharedStorageReg
         out.staged.append((t, target))
     storage = target.untyped_storage()
     if not storage.is_shared():
-        target.share_memory_()  # moves the storage to shared memory in place, once
+        target.share_memory_()  # type: ignore[no-untyped-call]  # moves the storage to shared memory in place, once
         storage = target.untyped_storage()
     fd, size = share_storage_fd(storage)
     key, known = registry.key_for(fd, size)
