@@ -8,6 +8,14 @@ group trains FSDP2 with an asynchronous quorum and registers
 ``model.state_dict()`` as torchtitan does (no sharded-state helper), while the
 other group rejoins as a new incarnation, healing from it each time: 10 times
 in `make test`, 50 in the `slow` soak.
+
+A heal is counted only if the step that gave an incarnation its first state
+received one. The two groups start together, and with ``min_replicas=1`` a
+healer incarnation that reaches the lighthouse before the source has ever
+asked for a quorum forms a quorum alone on a fresh job and commits step 1
+from its own state, healing nothing. So the healer starts only once the
+source has committed a step: from then on every quorum it asks for holds the
+source, ahead of it.
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from torchft_pg.optim import OptimizerWrapper
 GROUP_SIZE = 2
 TIMEOUT = timedelta(seconds=30)
 MAX_STEPS = 20_000  # bounds the source's loop; it stops long before
+SOURCE_COMMITTED = "source_committed"  # test-store key: the source committed a step
+SOURCE_START_TIMEOUT = timedelta(seconds=120)  # the source's start-up and first step
 
 
 class Block(torch.nn.Module):
@@ -81,8 +91,13 @@ def new_manager(store: TCPStore, group_rank: int, lighthouse: str, replica: int)
 
 
 def _rank(ctx: RankContext) -> dict[str, Any]:
-    lighthouse, heals_wanted = ctx.args
+    """Ranks 0-1 are the source group and ranks 2-3 the healer group; with
+    `source_present` False only a healer group runs (on ranks 0-1)."""
+    lighthouse, heals_wanted, source_present = ctx.args
     replica, group_rank = divmod(ctx.rank, GROUP_SIZE)
+    if not source_present:
+        replica = 1
+    group = [ctx.rank - group_rank + r for r in range(GROUP_SIZE)]  # this group's test ranks
     default_store = group_store(ctx, f"default/{replica}", group_rank)
     dist.init_process_group(
         "gloo",
@@ -118,6 +133,7 @@ def _rank(ctx: RankContext) -> dict[str, Any]:
             manager.set_state_dict_fns(load, save)
             optimizer = OptimizerWrapper(manager, inner)
             sent = steps = 0
+            announced = False
             for steps in range(MAX_STEPS):  # noqa: B007
                 if ctx.store.check(["stop_at"]) and manager.current_step() >= int(
                     ctx.store.get("stop_at")
@@ -132,24 +148,35 @@ def _rank(ctx: RankContext) -> dict[str, Any]:
                 step(manager, optimizer)
                 timings = manager.last_quorum_timings()
                 sent += int(timings is not None and timings.heal_s > 0)
+                if group_rank == 0 and not announced and manager.current_step() > 0:
+                    ctx.store.set(SOURCE_COMMITTED, "1")
+                    announced = True
             manager.shutdown()
             return {"sent": sent, "steps": steps}
-        heals = 0
+        if source_present:
+            ctx.store.wait([SOURCE_COMMITTED], SOURCE_START_TIMEOUT)
+        heals = unhealed = 0
         for incarnation in range(heals_wanted):  # the healer: a new incarnation per heal
             store = group_store(ctx, f"healer/{incarnation}", group_rank)
             manager = new_manager(store, group_rank, lighthouse, replica)
             manager.set_state_dict_fns(load, save)
             optimizer = OptimizerWrapper(manager, inner)
+            healed = False
             for _ in range(200):
+                was_at = manager.current_step()
                 step(manager, optimizer)
+                if was_at == 0 and manager.current_step() > 0:  # this step gave it a state
+                    timings = manager.last_quorum_timings()
+                    healed = timings is not None and timings.heal_s > 0
                 if manager.current_step() > 0 and manager.is_participating():
-                    heals += 1
+                    heals += int(healed)
+                    unhealed += int(not healed)
                     break
             manager.shutdown()
-            ctx.barrier(f"incarnation/{incarnation}", members=[2, 3])
+            ctx.barrier(f"incarnation/{incarnation}", members=group)
         if group_rank == 0:
             ctx.store.set("healed", "1")
-        return {"heals": heals}
+        return {"heals": heals, "unhealed": unhealed}
     finally:
         dist.destroy_process_group()
 
@@ -161,9 +188,23 @@ def test_heals_from_an_fsdp2_source_training_with_an_asynchronous_quorum(heals: 
         bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100, http_bind=None
     )
     try:
-        results = run_ranks(_rank, 2 * GROUP_SIZE, lighthouse.address(), heals, timeout=840)
+        results = run_ranks(_rank, 2 * GROUP_SIZE, lighthouse.address(), heals, True, timeout=840)
     finally:
         lighthouse.shutdown()
     source, healer = results[:GROUP_SIZE], results[GROUP_SIZE:]
-    assert [r["heals"] for r in healer] == [heals, heals]
+    assert [(r["heals"], r["unhealed"]) for r in healer] == [(heals, 0)] * GROUP_SIZE, healer
     assert all(r["sent"] >= heals for r in source), source
+
+
+def test_an_incarnation_that_trains_alone_is_not_counted_as_healed() -> None:
+    """The start-up order the heal test once lost to (heals counted 50, sends 49),
+    made certain: a healer incarnation that finds no source commits step 1 from
+    its own state, and the heal test's count must say it healed nothing."""
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100, http_bind=None
+    )
+    try:
+        results = run_ranks(_rank, GROUP_SIZE, lighthouse.address(), 1, False, timeout=240)
+    finally:
+        lighthouse.shutdown()
+    assert [(r["heals"], r["unhealed"]) for r in results] == [(0, 1)] * GROUP_SIZE, results

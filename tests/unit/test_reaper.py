@@ -71,9 +71,31 @@ def test_a_retire_storm_waits_for_the_reaper_instead_of_piling_up() -> None:
     release.set()
     assert retired.wait(10.0)
     t.join(10.0)
-    done = threading.Event()
-    _reaper.retire([_Slow(done)])  # behind all of the storm's teardowns
-    assert done.wait(10.0) and len(torn) == _reaper.MAX_BACKLOG + 3
+    assert _reaper.wait_idle(10.0) and len(torn) == _reaper.MAX_BACKLOG + 3
+
+
+class _WaitsFor:
+    """Torn down only once `peer` is: a Gloo backend whose op waits for the peer
+    backend to close (two replica groups in one process)."""
+
+    def __init__(self, peer: threading.Event, torn: threading.Event) -> None:
+        self.peer = peer
+        self.torn = torn
+
+    def __del__(self) -> None:
+        self.peer.wait(30.0)
+        self.torn.set()
+
+
+def test_teardowns_that_wait_on_each_other_do_not_wait_in_turn() -> None:
+    """The first retired waits for the second's teardown: on one reaper thread it
+    waited its whole 30 s; each on its own, both end at once."""
+    first_torn, second_torn = threading.Event(), threading.Event()
+    _reaper.retire([_WaitsFor(second_torn, first_torn)])
+    _reaper.retire([_Slow(second_torn)])
+    assert second_torn.wait(5.0), "the second teardown waited behind the first"
+    assert first_torn.wait(5.0)
+    assert _reaper.wait_idle(5.0)
 
 
 class _Gated:

@@ -2,9 +2,14 @@
 
 Dropping a Gloo backend takes ~20 ms (its I/O threads are joined) but does
 not hold the GIL, so `configure` hands the old backend here instead of paying
-that inside the reconfiguration. At interpreter exit the queue is drained
-first (at most `EXIT_DRAIN_S` seconds), so no backend is half torn down on a
-daemon thread while the interpreter finalizes.
+that inside the reconfiguration. Each retired backend is torn down on a
+short-lived thread of its own: a backend whose op still waits for a peer
+finishes only once the peer's backend closes, and with two replica groups in
+one process that peer may be the next backend retired (one teardown thread
+in turn waited out the op's whole timeout, and an exit meanwhile aborted the
+process from Gloo's I/O thread). At interpreter exit the teardowns in progress
+are waited for (at most `EXIT_DRAIN_S` seconds together), so no backend is
+half torn down on a daemon thread while the interpreter finalizes.
 
 The backlog is bounded (``MAX_BACKLOG`` backends): a caller that reconfigures
 faster than old backends can be torn down (a loaded machine, a reconfigure
@@ -15,26 +20,24 @@ threads (seen: thousands of threads in one process).
 from __future__ import annotations
 
 import atexit
-import queue
 import threading
 import time
 from typing import Any
 
-_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-_thread: threading.Thread | None = None
+_threads: set[threading.Thread] = set()  # teardowns in progress
 _lock = threading.Lock()
 EXIT_DRAIN_S = 10.0
 MAX_BACKLOG = 8
 _backlog = threading.BoundedSemaphore(MAX_BACKLOG)
 
 
-def _run() -> None:
-    while True:
-        holder = _queue.get()
-        if holder is None:  # drain sentinel: everything before it is gone
-            return
+def _tear_down(holder: list[Any]) -> None:
+    try:
         item = holder.pop()  # now the only reference is this local
         del item, holder
+    finally:
+        with _lock:
+            _threads.discard(threading.current_thread())
         _backlog.release()
 
 
@@ -60,23 +63,24 @@ def wait_idle(timeout_s: float) -> bool:
 
 @atexit.register
 def _drain() -> None:
-    thread = _thread
-    if thread is not None and thread.is_alive():
-        _queue.put(None)
-        thread.join(timeout=EXIT_DRAIN_S)
+    deadline = time.monotonic() + EXIT_DRAIN_S
+    with _lock:
+        running = list(_threads)
+    for thread in running:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def retire(holder: list[Any]) -> None:
-    """Destroy the object in the one-element list `holder` on the reaper thread.
+    """Destroy the object in the one-element list `holder` off the caller's thread.
 
     The caller must keep no other reference: passing it inside a list lets the
-    reaper take the last reference, so the teardown cannot land on the caller's
-    thread by a race.
+    teardown take the last reference, so it cannot land on the caller's thread
+    by a race.
     """
-    global _thread
-    _backlog.acquire()  # at most MAX_BACKLOG backends waiting: back-pressure, not a pile-up
+    _backlog.acquire()  # at most MAX_BACKLOG teardowns at once: back-pressure, not a pile-up
+    thread = threading.Thread(
+        target=_tear_down, args=(holder,), name="torchft_pg-reaper", daemon=True
+    )
     with _lock:
-        if _thread is None or not _thread.is_alive():
-            _thread = threading.Thread(target=_run, name="torchft_pg-reaper", daemon=True)
-            _thread.start()
-    _queue.put(holder)
+        _threads.add(thread)
+    thread.start()
