@@ -7,6 +7,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from torchft_pg.process_group import _reaper
 
 
@@ -118,3 +120,32 @@ def test_wait_idle_returns_once_every_retired_object_is_torn_down() -> None:
     assert _reaper.wait_idle(5.0)
     assert done.is_set()
     assert _reaper.wait_idle(0.0)  # idle: at once, and every slot is given back
+
+
+class _Unstartable(threading.Thread):
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+class _Marker:
+    def __init__(self, torn_down_on: list[str]) -> None:
+        self.torn_down_on = torn_down_on
+
+    def __del__(self) -> None:
+        self.torn_down_on.append(threading.current_thread().name)
+
+
+def test_a_teardown_without_a_thread_runs_on_the_caller_and_frees_its_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A process at its thread limit: the teardown is paid by the caller instead of
+    # leaking a backlog slot and leaving an unstarted thread for the exit to join.
+    monkeypatch.setattr(_reaper.threading, "Thread", _Unstartable)
+    torn_down_on: list[str] = []
+    for _ in range(_reaper.MAX_BACKLOG + 1):  # more than the backlog holds
+        _reaper.retire([_Marker(torn_down_on)])
+    assert torn_down_on == [threading.current_thread().name] * (_reaper.MAX_BACKLOG + 1)
+    with _reaper._lock:
+        assert not any(isinstance(t, _Unstartable) for t in _reaper._threads)
+    monkeypatch.undo()
+    assert _reaper.wait_idle(5.0)

@@ -83,4 +83,10 @@ def retire(holder: list[Any]) -> None:
     )
     with _lock:
         _threads.add(thread)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to be had (the process is at its limit): pay it here
+        with _lock:
+            _threads.discard(thread)
+        _backlog.release()
+        holder.pop()
