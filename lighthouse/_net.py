@@ -65,6 +65,15 @@ def normalize_address(addr: str) -> str:
     return addr
 
 
+def normalize_addresses(addrs: str) -> tuple[str, ...]:
+    """A comma-separated list of addresses (each as `normalize_address` accepts),
+    in order, e.g. a lighthouse and its standby."""
+    parts = [part.strip() for part in addrs.split(",")]
+    if not all(parts):
+        raise ValueError(f"addresses must be 'host:port' separated by commas, got {addrs!r}")
+    return tuple(normalize_address(part) for part in parts)
+
+
 def split_host_port(addr: str, what: str = "address") -> tuple[str, int]:
     """``host:port`` or ``[v6]:port`` -> (host without brackets, port)."""
     host, sep, port = addr.rpartition(":")

@@ -39,6 +39,7 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUORUM_TICK_MS,
 )
 from lighthouse.coordinator.server import DEFAULT_MAX_CONNECTIONS, LighthouseServer
+from lighthouse.coordinator.state_lock import StateFileLock, StateFileLockedError
 from lighthouse.tls import resolve_tls
 
 DEFAULT_PORT = 29510
@@ -125,6 +126,14 @@ def build_parser(
         "restarted lighthouse still refuses to restart the job below it; 'auto': "
         "lighthouse-<port>[-<job id>].state.json in $XDG_STATE_HOME/torchft-pg (default "
         "~/.local/state/torchft-pg); 'none': memory only",
+    )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="wait for the lighthouse that holds this job's state file to exit, then take "
+        "the job over from what it last wrote (same --state-file; give the managers both "
+        "addresses, TORCHFT_LIGHTHOUSE=active:port,standby:port, or the same address on "
+        "one host)",
     )
     p.add_argument(
         "--allow-step-reset",
@@ -253,6 +262,9 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     try:
         secret = None
         if args.job_secret_file:
@@ -262,6 +274,25 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         insecure = args.insecure or exposure.insecure_opted_out()
         bind, http_bind = default_binds(args.bind, args.http_bind, secret, insecure)
         state_file = state_file_for(args.state_file, bind, auth.resolve_job_id(args.job_id))
+        state_lock = None
+        if args.standby:
+            if state_file is None:
+                raise ValueError(
+                    "--standby takes over a job from its state file: it needs one "
+                    "(--state-file auto or a path), not --state-file none"
+                )
+            state_lock = StateFileLock(state_file)
+            try:
+                state_lock.acquire()
+            except StateFileLockedError:
+                print(
+                    f"standby: waiting for the lighthouse that holds {state_file} "
+                    f"({state_lock.holder() or 'holder unknown'}) to exit",
+                    flush=True,
+                )
+                if not state_lock.wait(stop):
+                    return 0
+                print(f"standby: taking the job over from {state_file}", flush=True)
         server = LighthouseServer(
             bind=bind,
             min_replicas=args.min_replicas,
@@ -282,13 +313,11 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
             unauthenticated_timeout_ms=args.unauthenticated_timeout_ms,
             insecure=insecure,
+            state_lock=state_lock,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     print(
         f"lighthouse listening on {server.address()} (epoch {server.epoch})"
         f" status {server.http_address() or 'disabled'}"

@@ -48,6 +48,7 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUORUM_TICK_MS,
     QuorumConfig,
 )
+from lighthouse.coordinator.state_lock import StateFileLock
 from lighthouse.coordinator.status import MAX_CONNECTIONS as STATUS_MAX_CONNECTIONS
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
 from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
@@ -138,7 +139,11 @@ class LighthouseServer:
             still refuses a quorum that would restart the job below it. None
             (the default here; the command line defaults to a file) keeps it in
             memory only: a restart then learns it again from the replicas that
-            are still alive.
+            are still alive. A lighthouse holds the file's lock
+            (``lighthouse.coordinator.state_lock``) while it runs: a second one
+            on the same file raises ``StateFileLockedError`` naming the holder.
+        state_lock: the file's lock, already held (a standby that waited for
+            it); default: taken here.
         allow_step_reset: issue a quorum even if its highest step is below the
             job's committed step (an operator restarting a job from older state).
         quarantine_after_failures: consecutive failed steps of a whole quorum after
@@ -210,6 +215,7 @@ class LighthouseServer:
         max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
         unauthenticated_timeout_ms: int | None = None,
         insecure: bool | None = None,
+        state_lock: StateFileLock | None = None,
     ) -> None:
         self._job_secret = auth.resolve_job_secret(job_secret)
         insecure = exposure.insecure_opted_out(insecure)
@@ -278,9 +284,19 @@ class LighthouseServer:
         self.epoch = epoch or secrets.token_hex(6)
         self.metrics = LighthouseMetrics()
         job_state = None if state_file is None else JobStateFile(state_file)
-        self.core = LighthouseCore(
-            self.config, clock or MonotonicClock(), self.epoch, self.metrics, job_state
-        )
+        self._state_lock: StateFileLock | None = None
+        if state_file is not None:
+            # one lighthouse per job state file: taken before the file is read
+            self._state_lock = state_lock or StateFileLock(state_file)
+            self._state_lock.acquire()
+        try:
+            self.core = LighthouseCore(
+                self.config, clock or MonotonicClock(), self.epoch, self.metrics, job_state
+            )
+        except BaseException:  # e.g. a corrupt state file: let the next lighthouse try
+            if self._state_lock is not None:
+                self._state_lock.release()
+            raise
         self._admission = Admission(
             max_tracked=max_tracked_replicas, knows=self._knows, tracked=self._tracked
         )
@@ -293,6 +309,8 @@ class LighthouseServer:
             self._port = run_sync(self._start(bind, max(1000, heartbeat_timeout_ms)), timeout_s=30)
         except BaseException:
             self._conn_guard.stop()
+            if self._state_lock is not None:
+                self._state_lock.release()
             raise
         self._host = advertised_host(bind_host, hostname)
         if http_bind is not None:
@@ -394,6 +412,8 @@ class LighthouseServer:
         finally:
             if self._http is not None:
                 self._http.shutdown()
+            if self._state_lock is not None:
+                self._state_lock.release()  # after the last write: a standby may take over
 
     def __enter__(self) -> LighthouseServer:
         return self

@@ -14,6 +14,13 @@ pace the attempts instead (it reaches 1 s within a second of failures), so a
 channel that is in backoff is replaced by a fresh one before each attempt. A
 quorum request that failed because the lighthouse was unreachable is asked
 again as soon as the liveness stream reopens, not at its next retry.
+
+Standbys. ``addr`` may list several lighthouses, separated by commas: the
+active one and its standbys (a standby serves only once it holds the job's
+state file, i.e. once the active one is gone, see
+``lighthouse.coordinator.state_lock``). The link talks to one at a time and
+moves to the next after every failed attempt, so a takeover is found at the
+retry pace above.
 """
 
 from __future__ import annotations
@@ -63,7 +70,8 @@ def retry_delay(down_s: float, previous_s: float) -> float:
 
 
 class LighthouseLink:
-    """Connection of replica ``replica_id`` to the lighthouse at ``addr``.
+    """Connection of replica ``replica_id`` to the lighthouse at ``addr`` (``host:port``,
+    or several separated by commas: tried in turn, see the module docstring).
 
     ``heartbeat_s``: seconds between liveness pings; ``connect_s``: seconds an
     unreachable lighthouse is waited for (start-up) or retried (quorum);
@@ -98,7 +106,8 @@ class LighthouseLink:
         # The job secret and our incarnation token, sent with both streams' calls
         # (see lighthouse.auth).
         self._call_metadata = auth.call_metadata(job_secret, job_id, self.incarnation)
-        self._lh_addr = addr
+        self._lh_addrs = tuple(a.strip() for a in addr.split(","))
+        self._lh_addr = self._lh_addrs[0]  # the one in use
         self._hb_s = heartbeat_s
         self._connect_s = connect_s
         self._retries = retries
@@ -152,11 +161,21 @@ class LighthouseLink:
         task, so an old channel is closed only while no quorum request is in
         flight (`_close_retired`).
         """
-        if self._channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+        if len(self._lh_addrs) > 1:
+            self._next_address()
+        elif self._channel.get_state() == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
             self._retired.append(self._channel)
             self._dial()
             self.redials += 1
         await self._close_retired()
+
+    def _next_address(self) -> None:
+        """Move to the next lighthouse of the list, on a fresh channel."""
+        index = self._lh_addrs.index(self._lh_addr)
+        self._lh_addr = self._lh_addrs[(index + 1) % len(self._lh_addrs)]
+        self._retired.append(self._channel)
+        self._dial()
+        self.redials += 1
 
     async def _close_retired(self) -> None:
         if not self._retired or self._qlock.locked():
@@ -173,15 +192,32 @@ class LighthouseLink:
         A host name that does not resolve fails at once: that is not transient."""
         await self._check_resolves()
         self._dial()
-        try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout=self._connect_s)
-        except asyncio.TimeoutError:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._connect_s
+        while True:
+            # With standbys, each is given a short turn: only the active one listens.
+            left = deadline - loop.time()
+            turn = left if len(self._lh_addrs) == 1 else min(left, RETRY_FAST_FOR_S)
+            try:
+                await asyncio.wait_for(self._channel.channel_ready(), timeout=max(turn, 0.0))
+                break
+            except asyncio.TimeoutError:
+                if loop.time() < deadline:
+                    self._next_address()
+                    continue
             why = await self._why_unreachable()
             await self._channel.close()
+            for channel in self._retired:
+                await channel.close()
+            self._retired = []
+            where = (
+                self._lh_addr if len(self._lh_addrs) == 1 else f"any of {', '.join(self._lh_addrs)}"
+            )
             raise LighthouseUnavailableError(
-                f"lighthouse at {self._lh_addr} not reachable within connect_timeout "
+                f"lighthouse at {where} not reachable within connect_timeout "
                 f"{self._connect_s:g} s" + (f": {why}" if why else "")
             ) from None
+        await self._close_retired_now()
         self._qlock = asyncio.Lock()
         self._opened = asyncio.Event()
         self._open_now = asyncio.Event()
@@ -201,19 +237,27 @@ class LighthouseLink:
             ) from None
 
     async def _check_resolves(self) -> None:
-        host, port = split_host_port(self._lh_addr, "the lighthouse address")
-        try:
-            await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                timeout=min(self._connect_s, 10.0),
-            )
-        except socket.gaierror as e:
-            raise LighthouseUnavailableError(
-                f"the lighthouse's host {host!r} (from {self._lh_addr}) does not resolve: {e}; "
-                "check TORCHFT_LIGHTHOUSE (or lighthouse_addr)"
-            ) from None
-        except asyncio.TimeoutError:
-            pass  # a slow resolver: let the connection attempt say what is wrong
+        for addr in self._lh_addrs:
+            host, port = split_host_port(addr, "the lighthouse address")
+            try:
+                await asyncio.wait_for(
+                    asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                    timeout=min(self._connect_s, 10.0),
+                )
+            except socket.gaierror as e:
+                raise LighthouseUnavailableError(
+                    f"the lighthouse's host {host!r} (from {addr}) does not resolve: {e}; "
+                    "check TORCHFT_LIGHTHOUSE (or lighthouse_addr)"
+                ) from None
+            except asyncio.TimeoutError:
+                pass  # a slow resolver: let the connection attempt say what is wrong
+
+    async def _close_retired_now(self) -> None:
+        """Close the channels left behind while looking for the active lighthouse
+        (at start-up: no quorum request is in flight)."""
+        retired, self._retired = self._retired, []
+        for channel in retired:
+            await channel.close()
 
     async def _why_unreachable(self) -> str:
         """The channel's last connection error, or "" if it does not say within a second."""

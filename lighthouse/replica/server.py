@@ -36,7 +36,7 @@ from lighthouse._net import (
     advertised_host,
     bind_server,
     join_host_port,
-    normalize_address,
+    normalize_addresses,
     split_host_port,
 )
 from lighthouse.connection_policy import (
@@ -81,7 +81,9 @@ class ManagerServer:
 
     Args:
         replica_id: this replica group's id (unique per incarnation).
-        lighthouse_addr: the lighthouse, ``host:port``.
+        lighthouse_addr: the lighthouse, ``host:port``; or several separated by
+            commas (an active lighthouse and its standbys), tried in turn while the
+            one in use is unreachable.
         hostname: host to advertise to peers; default: the bind host, or the
             machine's name for a wildcard bind (pass the right NIC's address).
         bind: listen address ``host:port`` (port 0 picks one). None: ``[::]:0``
@@ -197,7 +199,7 @@ class ManagerServer:
         self._local_watchers: frozenset[Callable[[FailureNotice], None]] = frozenset()
         self._link = LighthouseLink(
             replica_id,
-            normalize_address(lighthouse_addr),
+            ",".join(normalize_addresses(lighthouse_addr)),
             self._hb_s,
             self._connect_s,
             quorum_retries,

@@ -1,7 +1,8 @@
 """Manager settings and the only place that reads environment variables.
 
 Each setting: its environment variable, unit and default.
-- lighthouse_addr  TORCHFT_LIGHTHOUSE     ``host:port`` of the lighthouse (group rank 0 needs it)
+- lighthouse_addr  TORCHFT_LIGHTHOUSE     ``host:port`` of the lighthouse (group rank 0 needs it);
+                                         standbys after commas
 - rank             RANK                   group rank inside this replica group (default 0)
 - world_size       WORLD_SIZE             ranks in this replica group (default 1)
 - store_addr       MASTER_ADDR            host of the replica group's TCPStore (default localhost)
@@ -69,17 +70,19 @@ _UNSUPPORTED = {
 
 def check_lighthouse_address(address: str, source: str) -> None:
     """ValueError naming `source` (the argument or variable it came from) unless
-    `address` is ``host:port``, ``[v6]:port`` or either behind ``http://``."""
-    bare = address
-    for scheme in ("http://", "https://", "grpc://"):
-        if bare.startswith(scheme):
-            bare = bare[len(scheme) :]
-    host, sep, port = bare.rstrip("/").rpartition(":")
-    if not sep or not host or host == "[" or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
-            f"{source} must be the lighthouse's host:port (or http://host:port), e.g. "
-            f"127.0.0.1:29510, got {address!r}"
-        )
+    `address` is ``host:port``, ``[v6]:port`` or either behind ``http://``, or
+    several of them separated by commas (a lighthouse and its standbys)."""
+    for part in address.split(","):
+        bare = part.strip()
+        for scheme in ("http://", "https://", "grpc://"):
+            if bare.startswith(scheme):
+                bare = bare[len(scheme) :]
+        host, sep, port = bare.rstrip("/").rpartition(":")
+        if not sep or not host or host == "[" or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"{source} must be the lighthouse's host:port (or http://host:port; "
+                f"standbys after commas), e.g. 127.0.0.1:29510, got {address!r}"
+            )
 
 
 def unsupported_variables(env: Mapping[str, str] | None = None) -> list[str]:
