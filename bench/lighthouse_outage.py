@@ -4,8 +4,9 @@ Replica groups (one process each: Manager + ProcessGroupGloo, a 20 ms simulated
 step, as in `bench/lighthouse_restart.py`) train while the lighthouse process
 is, in turn: up (the baseline); frozen with SIGSTOP (sockets open, nothing
 answers); up again; killed and kept down, then restarted on the same address
-and state file. Membership does not change, so a job that outlives its
-coordinator keeps committing through both outages.
+and state file; then killed once more with a standby (`--standby`, another
+port, the same state file) waiting to take over. Membership does not change,
+so a job that outlives its coordinator keeps committing through both outages.
 
 Per phase: the job's commits per second (each group's committed steps, summed,
 over the phase's length), and after each outage the seconds from the lighthouse
@@ -24,6 +25,7 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lighthouse_restart import _free_port, _Lighthouse
+from bench.lighthouse_restart import ROOT, _free_port, _Lighthouse
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "torchft_pg"])
@@ -56,7 +58,7 @@ def _replica(index: int, lighthouse: str, conn: Connection, stop: Any) -> None:
     def load(state: dict[str, Any]) -> None:
         weights.copy_(state["w"])
 
-    manager = Manager(
+    manager = Manager(  # the lighthouse's address, then its standby's
         ProcessGroupGloo(timeout=timedelta(seconds=60)),
         load_state_dict=load,
         state_dict=lambda: {"w": weights},
@@ -104,7 +106,7 @@ class OutageReport:
 
 def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> OutageReport:
     report = OutageReport(replicas=replicas, outage_s=outage_s)
-    port = _free_port()
+    port, standby_port = _free_port(), _free_port()
     state_dir = tempfile.mkdtemp(prefix="torchft-pg-bench-outage-")
     state_file = os.path.join(state_dir, "lighthouse.state.json")
     lh = _Lighthouse(port, state_file)
@@ -112,6 +114,7 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
     conns: list[Connection] = []
     procs = []
     events: list[tuple[str, int, float, Any, Any]] = []
+    standby: subprocess.Popen[str] | None = None
 
     def collect(until: float) -> None:
         while conns:
@@ -167,7 +170,9 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
         for i in range(replicas):
             parent, child = _CTX.Pipe(duplex=False)
             p = _CTX.Process(
-                target=_replica, args=(i, f"127.0.0.1:{port}", child, stop), daemon=True
+                target=_replica,
+                args=(i, f"127.0.0.1:{port},127.0.0.1:{standby_port}", child, stop),
+                daemon=True,
             )
             p.start()
             child.close()
@@ -196,7 +201,43 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
         report.phases[-1].back_to_all_committing_s = all_committing_after(back, 60)
         report.phases[-1].quorum_changed = quorum_at(back, after=True) != before
         phase("up after restart", up_s)
+
+        # Killed with a standby waiting on the same state file.
+        standby = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "lighthouse",
+                "--standby",
+                "--bind",
+                f"127.0.0.1:{standby_port}",
+                "--http-bind",
+                "none",
+                "--state-file",
+                state_file,
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT},
+        )
+        assert standby.stdout is not None
+        waiting = standby.stdout.readline()  # it says it waits before the kill
+        if not waiting.startswith("standby: waiting"):
+            raise RuntimeError(f"the standby did not start: {waiting!r}")
+        before = quorum_at(time.time(), after=False)
+        killed = time.time()
+        lh.kill()
+        phase("standby takes over", up_s)
+        report.phases[-1].back_to_all_committing_s = all_committing_after(killed, 60)
+        report.phases[-1].quorum_changed = quorum_at(killed, after=True) != before
     finally:
+        if standby is not None and standby.poll() is None:
+            standby.kill()
+            standby.wait(timeout=10)
         stop.set()
         for p in procs:
             p.join(timeout=15)
