@@ -14,11 +14,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 from torch.nn import parallel
 
 from torchft_pg.manager import Manager
 from torchft_pg.process_group.dummy import ProcessGroupDummy
+from torchft_pg.quantization import Quantization
+from torchft_pg.work import CompletedWork, ManagedWork
 
 __all__ = ["DistributedDataParallel", "PureDistributedDataParallel"]
 
@@ -36,6 +39,16 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
     of a few float32 values in float64 is exact in any order (short of values
     2**29 apart), so every replica, and a replay of the committed history,
     gets the bit-identical average. It costs twice the bytes on the wire.
+
+    Each bucket is reduced in place (no private copy, one pass over the
+    gradients fewer per step). An op that did not succeed (a failure notice
+    or its deadline abandoned it) may still write into its bucket later, from
+    the retired backend: before the next forward, such a step's buckets are
+    retired with their reducer and a new reducer (new buckets, same layout
+    for the same parameters) takes over, so a late write lands in memory no
+    later step uses. With ``gradient_as_bucket_view=True`` the buckets are
+    the gradients themselves, which outlive the reducer: those are reduced
+    through a private copy instead.
     """
 
     def __init__(
@@ -51,22 +64,72 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
         kwargs.setdefault("find_unused_parameters", True)
         super().__init__(module, process_group=ProcessGroupDummy(0, 1), **kwargs)
         self._manager = manager
-        self.register_comm_hook(_HookState(manager, reduce_dtype), _manager_comm_hook)
+        # a bucket of the gradients themselves outlives the reducer: it needs the copy
+        self._hook_state = _HookState(
+            manager, reduce_dtype, in_place=not self.gradient_as_bucket_view
+        )
+        self.register_comm_hook(self._hook_state, _manager_comm_hook)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Torch DDP's forward, on new buckets if an op of the last step did not succeed."""
+        if self._hook_state.reducing_in_place_failed():
+            self._replace_reducer()
+        return super().forward(*args, **kwargs)
+
+    def _replace_reducer(self) -> None:
+        """A new reducer (and buckets) built as torch DDP built the first; the old
+        buckets are left to the ops that may still write into them."""
+        parameters, expect_sparse_gradient = self._build_params_for_reducer()
+        self._ddp_init_helper(
+            parameters,
+            expect_sparse_gradient,
+            self._build_debug_param_to_name_mapping(parameters),
+            self.static_graph,
+        )
+        dist._register_comm_hook(self.reducer, self._hook_state, _manager_comm_hook)  # type: ignore[attr-defined]
 
 
 class _HookState:
-    def __init__(self, manager: Manager, reduce_dtype: torch.dtype | None) -> None:
+    """What the comm hook needs: the manager, the reduce dtype, and the works of
+    buckets reduced in place since the last forward."""
+
+    def __init__(self, manager: Manager, reduce_dtype: torch.dtype | None, in_place: bool) -> None:
         self.manager = manager
         self.reduce_dtype = reduce_dtype
+        self.in_place = in_place
+        self.in_place_works: list[Work] = []
+
+    def reducing_in_place_failed(self) -> bool:
+        """Whether an op that reduced a bucket in place since the last call did not
+        succeed (and so may still write into its bucket); forgets them."""
+        works, self.in_place_works = self.in_place_works, []
+        return any(
+            not (isinstance(work, ManagedWork) and work.succeeded)
+            for work in works
+            if not isinstance(work, CompletedWork)  # skipped: no op ran
+        )
 
 
 def _manager_comm_hook(state: _HookState, bucket: dist.GradBucket) -> Future[torch.Tensor]:
     buffer = bucket.buffer()
+    manager = state.manager
     if state.reduce_dtype is None or state.reduce_dtype == buffer.dtype:
-        return state.manager.allreduce(buffer).get_future()
+        if not state.in_place:
+            return manager.allreduce(buffer).get_future()
+        work = manager._gradients.allreduce(
+            buffer, False, ReduceOp.AVG, Quantization.INT8, private_copy=False
+        )
+        state.in_place_works.append(work)
+        return work.get_future()
+    # `wide` is new every step and nobody else holds it: an abandoned op may write
+    # into it at will, so the backend may reduce it in place
     wide = buffer.to(state.reduce_dtype)
-    # A failed reduction hands back `wide` untouched: casting it back is lossless.
-    return state.manager.allreduce(wide).get_future().then(lambda fut: buffer.copy_(fut.value()))
+    # A failed reduction hands back `wide`: casting it back is lossless (and a
+    # failed step's gradients are never applied: its vote is no).
+    future = manager._gradients.allreduce(
+        wide, False, ReduceOp.AVG, Quantization.INT8, private_copy=False
+    ).get_future()
+    return future.then(lambda fut: buffer.copy_(fut.value()))
 
 
 class PureDistributedDataParallel(torch.nn.Module):

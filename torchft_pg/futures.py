@@ -158,7 +158,9 @@ class ProxyFuture(Generic[T]):
     On an error, timeout or abort it yields `default` and calls `on_error`
     with the reason, so callers (DDP's reducer) never see an exception; the
     step is rejected by the commit vote instead. `transform` (run on the
-    source's value) is skipped once an abort or timeout won.
+    source's value) is skipped once an abort or timeout won. `succeeded`
+    tells whether the source completed it with a value: only then has the
+    operation behind the source certainly stopped writing its outputs.
     """
 
     def __init__(
@@ -175,6 +177,7 @@ class ProxyFuture(Generic[T]):
         self._transform = transform
         self._lock = threading.Lock()
         self._done = False
+        self.succeeded = False
         self._timer = watchdog.schedule(timeout, self._timed_out) if timeout is not None else None
         self._timeout = timeout
         source.add_done_callback(self._from_source)
@@ -214,6 +217,7 @@ class ProxyFuture(Generic[T]):
         except Exception as e:
             self._complete(None, e)
             return
+        self.succeeded = True
         self._complete(value, None)
 
     def _timed_out(self) -> None:

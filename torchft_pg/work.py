@@ -100,6 +100,11 @@ class ManagedWork(Work):
     def is_completed(self) -> bool:
         return self._proxy.done
 
+    @property
+    def succeeded(self) -> bool:
+        """Whether the op itself completed this work with a value (see `ProxyFuture.succeeded`)."""
+        return self._proxy.succeeded
+
 
 class ErrorSwallowingWork(Work):
     """Wraps a Work so that a failure is reported, never raised.

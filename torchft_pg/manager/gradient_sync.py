@@ -150,8 +150,16 @@ class GradientSync:
         should_quantize: bool,
         reduce_op: ReduceOp | ReduceOp.RedOpType,
         quantization: Quantization | str,
+        *,
+        private_copy: bool = True,
     ) -> Work:
-        """See `Manager.allreduce`."""
+        """See `Manager.allreduce`.
+
+        `private_copy=False` (plain, unquantized ops only) reduces `tensor` in
+        place, skipping a full pass over it: only for a caller that never
+        reuses `tensor`'s memory after an op that did not succeed (see
+        `ProxyFuture.succeeded`), since an abandoned op may write into it later.
+        """
         average = reduce_op == ReduceOp.AVG
         scheme = check_allreduce(tensor, reduce_op, should_quantize, quantization)
         if self._state.errored() is not None:
@@ -163,8 +171,14 @@ class GradientSync:
             # may still complete later in the retired backend, and must then write
             # into nothing the caller reuses (DDP's buckets are reused every step).
             # The result reaches `tensor` only through `finish`, which an abort skips.
+            # A caller that retires `tensor` itself after such an op (our DDP
+            # replaces its buckets) asks for no copy: one pass over it fewer.
             contributes = participation.rank is not None and not self._state.healing
-            private = self._spare.copy_of(tensor, zero=not contributes)
+            in_place = not private_copy and scheme is None
+            if in_place:
+                private = tensor if contributes else tensor.zero_()
+            else:
+                private = self._spare.copy_of(tensor, zero=not contributes)
             divisor = max(participation.world_size, 1)
             if scheme is not None:
                 work, reduced = quantized_sum(self._pg, private, scheme)
@@ -184,6 +198,10 @@ class GradientSync:
 
         def finish(_: Any) -> torch.Tensor:
             result = reduced()
+            if in_place:  # the op reduced `tensor` itself
+                if average:
+                    tensor.div_(divisor)
+                return tensor
             if average and result.dtype == tensor.dtype:
                 # one pass over the memory instead of a copy and then a division:
                 # the same rounding (one division of each summed value), and at
