@@ -14,13 +14,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ReduceOp, Work
+from torch.distributed import Work
 from torch.futures import Future
 from torch.nn import parallel
 
+from torchft_pg import _torch_internals
 from torchft_pg.manager import Manager
 from torchft_pg.process_group.dummy import ProcessGroupDummy
-from torchft_pg.quantization import Quantization
 from torchft_pg.work import CompletedWork, ManagedWork
 
 __all__ = ["DistributedDataParallel", "PureDistributedDataParallel"]
@@ -74,19 +74,12 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
         """Torch DDP's forward, on new buckets if an op of the last step did not succeed."""
         if self._hook_state.reducing_in_place_failed():
             self._replace_reducer()
-        return super().forward(*args, **kwargs)
+        return super().forward(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def _replace_reducer(self) -> None:
         """A new reducer (and buckets) built as torch DDP built the first; the old
         buckets are left to the ops that may still write into them."""
-        parameters, expect_sparse_gradient = self._build_params_for_reducer()
-        self._ddp_init_helper(
-            parameters,
-            expect_sparse_gradient,
-            self._build_debug_param_to_name_mapping(parameters),
-            self.static_graph,
-        )
-        dist._register_comm_hook(self.reducer, self._hook_state, _manager_comm_hook)  # type: ignore[attr-defined]
+        _torch_internals.rebuild_reducer(self, self._hook_state, _manager_comm_hook)
 
 
 class _HookState:
@@ -116,9 +109,7 @@ def _manager_comm_hook(state: _HookState, bucket: dist.GradBucket) -> Future[tor
     if state.reduce_dtype is None or state.reduce_dtype == buffer.dtype:
         if not state.in_place:
             return manager.allreduce(buffer).get_future()
-        work = manager._gradients.allreduce(
-            buffer, False, ReduceOp.AVG, Quantization.INT8, private_copy=False
-        )
+        work = manager.allreduce(buffer, private_copy=False)
         state.in_place_works.append(work)
         return work.get_future()
     # `wide` is new every step and nobody else holds it: an abandoned op may write
@@ -126,9 +117,7 @@ def _manager_comm_hook(state: _HookState, bucket: dist.GradBucket) -> Future[tor
     wide = buffer.to(state.reduce_dtype)
     # A failed reduction hands back `wide`: casting it back is lossless (and a
     # failed step's gradients are never applied: its vote is no).
-    future = manager._gradients.allreduce(
-        wide, False, ReduceOp.AVG, Quantization.INT8, private_copy=False
-    ).get_future()
+    future = manager.allreduce(wide, private_copy=False).get_future()
     return future.then(lambda fut: buffer.copy_(fut.value()))
 
 

@@ -15,15 +15,16 @@ constructed.
 
 Modules, by concern: `c10d_tables` (c10d's group tables), `c10d` (groups,
 works and options), `backends` (a c10d group around a backend we built),
-`tensors` (shared-memory storages, DTensors, meshes), `names` (the record of
-one private name).
+`tensors` (shared-memory storages, DTensors, meshes), `ddp` (a new reducer
+for a DistributedDataParallel module), `names` (the record of one private
+name).
 """
 
 from __future__ import annotations
 
 import torch
 
-from torchft_pg._torch_internals import backends, c10d, c10d_tables, tensors
+from torchft_pg._torch_internals import backends, c10d, c10d_tables, ddp, tensors
 from torchft_pg._torch_internals.backends import (
     c10d_group_over,
     gloo_options,
@@ -49,6 +50,7 @@ from torchft_pg._torch_internals.c10d_tables import (
     is_registered,
     tables_answer_for_ours,
 )
+from torchft_pg._torch_internals.ddp import rebuild_reducer
 from torchft_pg._torch_internals.names import PrivateName
 from torchft_pg._torch_internals.tensors import (
     dtensor_like,
@@ -75,6 +77,7 @@ __all__ = [
     "gloo_options",
     "is_ours",
     "is_registered",
+    "rebuild_reducer",
     "resolve_group",
     "root_mesh",
     "set_group_name",
@@ -100,6 +103,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     *c10d.RELIED_ON,
     *backends.RELIED_ON,
     *tensors.RELIED_ON,
+    *ddp.RELIED_ON,
 )
 
 

@@ -298,6 +298,7 @@ class Manager:
         reduce_op: ReduceOp | ReduceOp.RedOpType = ReduceOp.AVG,
         *,
         quantization: Quantization | str = Quantization.INT8,
+        private_copy: bool = True,
     ) -> Work:
         """Allreduce `tensor` across participating replicas; never raises on a failure.
 
@@ -309,8 +310,19 @@ class Manager:
         with per-chunk scales, or "bf16"; see `torchft_pg.quantization`) and
         sum in float32; SUM or AVG of floating tensors only. Bad arguments
         raise ValueError at once.
+
+        `private_copy` (default True): the backend reduces a copy of `tensor`,
+        and the result reaches `tensor` only if the op succeeds, so an op a
+        failure abandoned (which may still complete later in a retired
+        backend) never writes into memory the caller reuses. False reduces
+        `tensor` in place (plain, unquantized ops), one pass over it fewer:
+        only for a caller that stops using `tensor`'s memory after an op whose
+        work did not succeed (``ManagedWork.succeeded``), as our DDP does by
+        replacing its buckets.
         """
-        return self._gradients.allreduce(tensor, should_quantize, reduce_op, quantization)
+        return self._gradients.allreduce(
+            tensor, should_quantize, reduce_op, quantization, private_copy=private_copy
+        )
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         """Vote on this step with every rank of the group; True means apply it.
