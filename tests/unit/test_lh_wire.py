@@ -396,7 +396,8 @@ def test_a_bad_integrity_report_on_the_wire_is_refused_when_decoded() -> None:
     with pytest.raises(ValueError, match=r"integrity\.kind"):
         wire.decode_manager_quorum_request(unset.SerializeToString(), timedelta(seconds=1))
     newer = pb.ManagerQuorumRequest(group_rank=0, step=3)
-    newer.integrity.kind = 99  # a kind a newer peer added (proto3 enums are open)
+    # a kind a newer peer added (proto3 enums are open)
+    newer.integrity.kind = 99  # type: ignore[assignment]
     with pytest.raises(ValueError, match=r"integrity\.kind"):
         wire.decode_manager_quorum_request(newer.SerializeToString(), timedelta(seconds=1))
     flood = pb.LighthouseQuorumRequest()
