@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from enum import Enum
 from typing import Any, TypeVar
 
 _UNIX_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -107,6 +108,45 @@ class HealReport:
         return self.bytes_received / self.transfer_s / 1e9 if self.transfer_s > 0 else None
 
 
+class IntegrityKind(str, Enum):
+    """What a replica group's integrity check found (``IntegrityReport.kind``); the
+    values are the stable tags ``/status``, the timeline and ``/metrics`` show.
+
+    DIVERGED: the group's own state differs from the majority's (it votes no and
+    heals). HEAL_SOURCE_DIVERGED: the peer the group healed from this step holds
+    a state that differs from the majority's (the healed state is dropped).
+    NO_MAJORITY: the groups' states differ and no state is held by a majority,
+    so no group commits.
+    """
+
+    DIVERGED = "diverged"
+    HEAL_SOURCE_DIVERGED = "heal_source_diverged"
+    NO_MAJORITY = "no_majority"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntegrityReport:
+    """A silent-data-corruption finding of a replica group's integrity check.
+
+    A group that finds its own state (or its heal source's) corrupt reports
+    this once, with its next quorum request, so the lighthouse's timeline,
+    ``/status`` and ``/metrics`` show it and repeat offenders are quarantined
+    (rule 10 in ``lighthouse.coordinator.quorum``).
+
+    Attributes:
+        step: the step the check ran at (the quorum's max step, >= 0).
+        kind: what was found (``IntegrityKind``).
+        tensors: the first differing tensors' names as the reporting ranks saw
+            them (at most ``validate.MAX_INTEGRITY_TENSORS`` names of at most
+            ``validate.MAX_TENSOR_NAME_CHARS`` characters; () when unknown,
+            e.g. a healer that holds no fingerprint of its own).
+    """
+
+    step: int
+    kind: IntegrityKind
+    tensors: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class QuorumMember:
     """One replica group's registration for a quorum.
@@ -131,6 +171,9 @@ class QuorumMember:
             with ``commit_failures`` > 0). See rule 8 in ``coordinator.quorum``.
         heal: the group's latest heal, sent once with the first request after
             it (None: nothing to report). Telemetry only: quorums ignore it.
+        integrity: the group's latest integrity-check finding, sent once with
+            the first request after it (None: nothing to report); recorded by
+            the lighthouse, and repeated ``DIVERGED`` reports quarantine the group.
     """
 
     replica_id: str
@@ -145,6 +188,7 @@ class QuorumMember:
     checkpoint_metadata: tuple[str, ...] = ()
     unreachable: tuple[str, ...] = ()
     heal: HealReport | None = None
+    integrity: IntegrityReport | None = None
 
 
 @dataclass(frozen=True)
@@ -201,6 +245,9 @@ class ManagerQuorumRequest:
             milliseconds (finite, >= 0; 0 = unknown).
         heal: telemetry, what this rank's latest heal moved, sent once with its
             first request after the heal (None: nothing to report).
+        integrity: what this rank's latest integrity check found wrong with its
+            group's state (or its heal source's), sent once with its first
+            request after the check (None: nothing to report).
     """
 
     group_rank: int
@@ -212,6 +259,7 @@ class ManagerQuorumRequest:
     commit_failures: int = 0
     step_time_ms: float = 0.0
     heal: HealReport | None = None
+    integrity: IntegrityReport | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,13 @@ import re
 from datetime import timedelta
 from typing import Any
 
-from lighthouse.types import HealReport, ManagerQuorumRequest, QuorumMember
+from lighthouse.types import (
+    HealReport,
+    IntegrityKind,
+    IntegrityReport,
+    ManagerQuorumRequest,
+    QuorumMember,
+)
 
 MAX_ID_CHARS = 256
 MAX_ADDRESS_CHARS = 512
@@ -18,6 +24,8 @@ MAX_DATA_BYTES = 64 * 1024
 MAX_METADATA_BYTES = 64 * 1024
 MAX_UNREACHABLE = 1024  # replica ids one member may report unreachable
 MAX_MESSAGE_BYTES = 1024 * 1024  # gRPC receive limit on both servers
+MAX_INTEGRITY_TENSORS = 8  # tensor names one integrity report may carry
+MAX_TENSOR_NAME_CHARS = 256  # characters of one of those names
 # Deepest nesting of arrays/objects in a member's data: a fixed bound, so that
 # whether a value passes never depends on how deep the caller's stack happens to be
 # (the JSON parser recurses once per level).
@@ -90,6 +98,35 @@ def check_heal_report(h: HealReport) -> HealReport:
     return h
 
 
+def check_integrity_report(r: IntegrityReport) -> IntegrityReport:
+    """An integrity report's types and bounds: ``step`` an int in [0, 2**63) (the
+    wire's int64), ``kind`` an ``IntegrityKind``, ``tensors`` a tuple of at most
+    ``MAX_INTEGRITY_TENSORS`` printable names of 1 to ``MAX_TENSOR_NAME_CHARS``
+    characters. ``TypeError`` for a wrong type, ``ValueError`` for a value out of
+    range, each naming the field and the value."""
+    if not isinstance(r, IntegrityReport):
+        raise TypeError(f"integrity must be an IntegrityReport or None, got {r!r:.100}")
+    _check_int("integrity.step", r.step)
+    if not isinstance(r.kind, IntegrityKind):
+        raise TypeError(f"integrity.kind must be an IntegrityKind, got {r.kind!r:.100}")
+    if not isinstance(r.tensors, tuple):
+        raise TypeError(f"integrity.tensors must be a tuple of str, got {r.tensors!r:.100}")
+    if len(r.tensors) > MAX_INTEGRITY_TENSORS:
+        raise ValueError(
+            f"integrity.tensors must name at most {MAX_INTEGRITY_TENSORS} tensors, "
+            f"got {len(r.tensors)}"
+        )
+    for name in r.tensors:
+        if not isinstance(name, str):
+            raise TypeError(f"integrity.tensors must hold str names, got {name!r:.100}")
+        if not 0 < len(name) <= MAX_TENSOR_NAME_CHARS or not name.isprintable():
+            raise ValueError(
+                f"integrity.tensors names must be printable, 1 to {MAX_TENSOR_NAME_CHARS} "
+                f"characters, got {name[:64]!r} ({len(name)} characters)"
+            )
+    return r
+
+
 def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequest:
     """Types and ranges of one rank's quorum request, checked before it is sent and
     after it is decoded: ``TypeError`` for a wrong type, ``ValueError`` for a value
@@ -111,6 +148,8 @@ def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequ
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {ms}")
     if req.heal is not None:
         check_heal_report(req.heal)
+    if req.integrity is not None:
+        check_integrity_report(req.integrity)
     return req
 
 
@@ -236,6 +275,8 @@ def check_member(m: QuorumMember) -> QuorumMember:
         check_replica_id(rid)
     if m.heal is not None:
         check_heal_report(m.heal)
+    if m.integrity is not None:
+        check_integrity_report(m.integrity)
     return m
 
 

@@ -21,6 +21,8 @@ from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
     FailureNotice,
     HealReport,
+    IntegrityKind,
+    IntegrityReport,
     LeaseFloor,
     LeaseRecall,
     ManagerQuorumRequest,
@@ -61,6 +63,40 @@ def _heal_from_pb(p: pb.HealReport) -> HealReport:
     )
 
 
+# -- integrity reports ---------------------------------------------------------------
+_KIND_TO_PB = {
+    IntegrityKind.DIVERGED: pb.IntegrityReport.DIVERGED,
+    IntegrityKind.HEAL_SOURCE_DIVERGED: pb.IntegrityReport.HEAL_SOURCE_DIVERGED,
+    IntegrityKind.NO_MAJORITY: pb.IntegrityReport.NO_MAJORITY,
+}
+_KIND_FROM_PB = {number: kind for kind, number in _KIND_TO_PB.items()}
+
+
+def _integrity_to_pb(r: IntegrityReport, out: pb.IntegrityReport) -> None:
+    out.step = r.step
+    out.kind = _KIND_TO_PB[r.kind]
+    out.tensors.extend(r.tensors)
+
+
+def _integrity_from_pb(p: pb.IntegrityReport) -> IntegrityReport:
+    """Raises ``ValueError`` naming the field for an unknown kind (unset, or one a
+    newer peer added) or a value out of range."""
+    kind = _KIND_FROM_PB.get(p.kind)
+    if kind is None:
+        raise ValueError(
+            f"integrity.kind must be one of {sorted(k.value for k in IntegrityKind)}, "
+            f"got wire value {p.kind}"
+        )
+    if len(p.tensors) > validate.MAX_INTEGRITY_TENSORS:  # before copying them
+        raise ValueError(
+            f"integrity.tensors must name at most {validate.MAX_INTEGRITY_TENSORS} tensors, "
+            f"got {len(p.tensors)}"
+        )
+    return validate.check_integrity_report(
+        IntegrityReport(step=p.step, kind=kind, tensors=tuple(p.tensors))
+    )
+
+
 # -- members and quorums ------------------------------------------------------------------
 def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.replica_id = m.replica_id
@@ -78,6 +114,8 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
         out.unreachable.extend(m.unreachable)
     if m.heal is not None:
         _heal_to_pb(m.heal, out.heal)
+    if m.integrity is not None:
+        _integrity_to_pb(m.integrity, out.integrity)
 
 
 def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
@@ -103,6 +141,7 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         checkpoint_metadata=tuple(p.checkpoint_metadata),
         unreachable=tuple(p.unreachable),
         heal=_heal_from_pb(p.heal) if p.HasField("heal") else None,
+        integrity=_integrity_from_pb(p.integrity) if p.HasField("integrity") else None,
     )
     return validate.with_data_json(m, text)  # relayed as received, never re-encoded
 
@@ -343,6 +382,8 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
     )
     if req.heal is not None:
         _heal_to_pb(req.heal, out.heal)
+    if req.integrity is not None:
+        _integrity_to_pb(req.integrity, out.integrity)
     return _serialized(out)
 
 
@@ -364,6 +405,7 @@ def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuo
         commit_failures=r.commit_failures,
         step_time_ms=r.step_time_ms,
         heal=_heal_from_pb(r.heal) if r.HasField("heal") else None,
+        integrity=_integrity_from_pb(r.integrity) if r.HasField("integrity") else None,
     )
     return validate.check_manager_quorum_request(req)
 

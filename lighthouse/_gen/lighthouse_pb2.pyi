@@ -1,4 +1,5 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -7,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QuorumMember(_message.Message):
-    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata", "unreachable", "heal")
+    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata", "unreachable", "heal", "integrity")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +21,7 @@ class QuorumMember(_message.Message):
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     store_address: str
@@ -32,7 +34,8 @@ class QuorumMember(_message.Message):
     checkpoint_metadata: _containers.RepeatedScalarFieldContainer[str]
     unreachable: _containers.RepeatedScalarFieldContainer[str]
     heal: HealReport
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ...) -> None: ...
+    integrity: IntegrityReport
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ...) -> None: ...
 
 class HealReport(_message.Message):
     __slots__ = ("step", "bytes_received", "transfer_s")
@@ -43,6 +46,26 @@ class HealReport(_message.Message):
     bytes_received: int
     transfer_s: float
     def __init__(self, step: _Optional[int] = ..., bytes_received: _Optional[int] = ..., transfer_s: _Optional[float] = ...) -> None: ...
+
+class IntegrityReport(_message.Message):
+    __slots__ = ("step", "kind", "tensors")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[IntegrityReport.Kind]
+        DIVERGED: _ClassVar[IntegrityReport.Kind]
+        HEAL_SOURCE_DIVERGED: _ClassVar[IntegrityReport.Kind]
+        NO_MAJORITY: _ClassVar[IntegrityReport.Kind]
+    KIND_UNSPECIFIED: IntegrityReport.Kind
+    DIVERGED: IntegrityReport.Kind
+    HEAL_SOURCE_DIVERGED: IntegrityReport.Kind
+    NO_MAJORITY: IntegrityReport.Kind
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    kind: IntegrityReport.Kind
+    tensors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, step: _Optional[int] = ..., kind: _Optional[_Union[IntegrityReport.Kind, str]] = ..., tensors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Quorum(_message.Message):
     __slots__ = ("quorum_id", "epoch", "participants", "created_unix_ms")
@@ -161,7 +184,7 @@ class LivenessEvent(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ..., heartbeat_timeout_ms: _Optional[int] = ..., waiting: _Optional[_Union[QuorumWait, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal")
+    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal", "integrity")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +193,7 @@ class ManagerQuorumRequest(_message.Message):
     COMMIT_FAILURES_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
+    INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     checkpoint_metadata: str
@@ -178,7 +202,8 @@ class ManagerQuorumRequest(_message.Message):
     commit_failures: int
     step_time_ms: float
     heal: HealReport
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ...) -> None: ...
+    integrity: IntegrityReport
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
     __slots__ = ("quorum_id", "epoch", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "recover_src_checkpoint_metadata")

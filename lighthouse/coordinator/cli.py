@@ -30,6 +30,10 @@ from lighthouse.connection_policy import (
     DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
     DEFAULT_UNAUTHENTICATED_TIMEOUT_S,
 )
+from lighthouse.coordinator.integrity import (
+    DEFAULT_DIVERGENCE_WINDOW_S,
+    DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
+)
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_JOIN_TIMEOUT_MS,
@@ -153,6 +157,20 @@ def build_parser(
         type=int,
         default=DEFAULT_QUARANTINE_BASE_MS,
         help="first quarantine's length in milliseconds, doubled per repeat (at most 600 s)",
+    )
+    p.add_argument(
+        "--quarantine-after-divergences",
+        type=int,
+        default=DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
+        help="times a replica may report its own state diverged from the majority's (silent "
+        "data corruption, found by its integrity check) within --divergence-window-ms before "
+        "it sits out for a while (never below --min-replicas); 0 disables",
+    )
+    p.add_argument(
+        "--divergence-window-ms",
+        type=int,
+        default=round(DEFAULT_DIVERGENCE_WINDOW_S * 1000),
+        help="the window in milliseconds over which --quarantine-after-divergences counts",
     )
     p.add_argument(
         "--job-secret-file",
@@ -314,6 +332,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             unauthenticated_timeout_ms=args.unauthenticated_timeout_ms,
             insecure=insecure,
             state_lock=state_lock,
+            quarantine_after_divergences=args.quarantine_after_divergences,
+            divergence_window_ms=args.divergence_window_ms,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from lighthouse.coordinator.quorum import (
 from lighthouse.types import (
     FailureNotice,
     HealReport,
+    IntegrityReport,
     LeaseFloor,
     LeaseRecall,
     QuorumMember,
@@ -104,6 +105,8 @@ class LighthouseCore:
         )
         self.recent_deaths: deque[dict[str, Any]] = deque(maxlen=64)
         self.recent_quarantines: deque[dict[str, Any]] = deque(maxlen=64)
+        # integrity findings the replicas reported (silent data corruption), newest last
+        self.recent_integrity_findings: deque[dict[str, Any]] = deque(maxlen=64)
         self.quorums_issued = 0
         self.lease = QuorumLease()
         self._last_wait_log = clock.now()
@@ -125,12 +128,44 @@ class LighthouseCore:
         now = self.clock.now()
         self.state.request(member, now)
         self.history.progress(rid, member.step, member.step_time_ms, now, _unix_ms(), member.heal)
+        if member.integrity is not None:
+            self._integrity_reported(rid, member.integrity, now)
         self.lease.asked(rid)
         if self.lease.holders and not self.state.is_quarantined(rid, now):
             waiting = [p.member for p in self.state.pending.values()]
             self._send_recall(self.lease.recall_for_ask(self.epoch, waiting))
         self.evaluate()
         return fut
+
+    def _integrity_reported(self, replica_id: str, report: IntegrityReport, now: float) -> None:
+        """``replica_id`` reported an integrity finding with its request: recorded for
+        ``/status``, the timeline and ``/metrics`` (once, however often it arrives);
+        the rules then see its count (rule 10) when the request is evaluated."""
+        if not self.state.integrity_reported(replica_id, report, now):
+            return
+        count = self.state.divergences.count(replica_id, now, self.config.divergence_window_s)
+        unix_ms = _unix_ms()
+        self.recent_integrity_findings.append(
+            {
+                "replica_id": replica_id,
+                "kind": report.kind.value,
+                "step": report.step,
+                "tensors": list(report.tensors),
+                "divergences_in_window": count,
+                "unix_ms": unix_ms,
+            }
+        )
+        self.history.integrity_reported(replica_id, report, count, unix_ms)
+        log.warning(
+            "replica %s reports silent data corruption at step %d: %s%s (its own divergences "
+            "within %g s: %d)",
+            replica_id,
+            report.step,
+            report.kind.value,
+            f" in {', '.join(report.tensors)}" if report.tensors else "",
+            self.config.divergence_window_s,
+            count,
+        )
 
     def quarantine_reason(self, replica_id: str) -> str | None:
         """Why ``replica_id`` is quarantined now, or None if it is not."""
@@ -583,6 +618,7 @@ class LighthouseCore:
                 if q.until > now
             ],
             "recent_quarantines": list(self.recent_quarantines),
+            "recent_integrity_findings": list(self.recent_integrity_findings),
             "step_report": step_report,
             "config": asdict(self.config),
             "health": [row.to_json() for row in health],

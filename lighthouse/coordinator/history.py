@@ -10,7 +10,8 @@ Two bounded ring buffers and the recorder that fills them from the core's events
   on the event loop's hot path (one liveness ping per round per replica).
 * ``Timeline``: the last ``capacity`` events: the lighthouse's start (a new
   epoch), quorum changes with who joined and left, deaths, clean leaves,
-  heals, catch-ups and quarantines.
+  heals, catch-ups, integrity findings (silent data corruption a replica
+  reported) and quarantines.
 * ``JobHistory``: what the core calls when something happens; it keeps both
   buffers and reports the matching Prometheus numbers.
 
@@ -42,7 +43,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
 
-from lighthouse.types import HealReport, Quorum
+from lighthouse.types import HealReport, IntegrityKind, IntegrityReport, Quorum
 
 __all__ = [
     "DEFAULT_MAX_REPLICAS",
@@ -264,6 +265,7 @@ class EventKind(str, Enum):
     HEAL = "heal"  # members entered a quorum behind its highest step (or one reported a heal)
     CAUGHT_UP = "caught_up"  # a healing member reported the quorum's step
     QUARANTINE = "quarantine"  # a replica left out of quorums for a while
+    INTEGRITY = "integrity"  # a replica reported silent data corruption (IntegrityReport)
     RUN_ENDED = "run_ended"  # every member of the last quorum left cleanly: the run is over
 
 
@@ -280,6 +282,8 @@ class TimelineEvent:
     ``heal_s`` and ``heal_gb_per_s``: what the replica's heal moved as it
     reported it (bytes received, transfer seconds, 10**9 bytes per second;
     None where no report came), on ``caught_up`` events and reported heals.
+    ``integrity_kind`` (an ``IntegrityKind`` value) and ``tensors`` (the first
+    differing tensors' names): what an ``integrity`` event's replica found.
     """
 
     kind: EventKind
@@ -295,6 +299,8 @@ class TimelineEvent:
     heal_bytes: int | None = None
     heal_s: float | None = None
     heal_gb_per_s: float | None = None
+    integrity_kind: str | None = None
+    tensors: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -311,6 +317,8 @@ class TimelineEvent:
             "heal_bytes": self.heal_bytes,
             "heal_s": self.heal_s,
             "heal_gb_per_s": self.heal_gb_per_s,
+            "integrity_kind": self.integrity_kind,
+            "tensors": list(self.tensors),
         }
 
 
@@ -371,6 +379,7 @@ class HistoryMetrics(Protocol):
     def caught_up(self, seconds: float) -> None: ...
     def heal_reported(self, replica_id: str, nbytes: int, seconds: float) -> None: ...
     def quarantined(self, count: int) -> None: ...
+    def integrity_reported(self, kind: str) -> None: ...
 
 
 def _names(ids: Iterable[str], limit: int = 8) -> str:
@@ -404,6 +413,7 @@ class JobHistory:
         self._last_heal: OrderedDict[str, tuple[HealReport, int]] = OrderedDict()
         self.heals_reported = 0  # heal reports recorded since start
         self.heal_bytes_total = 0  # bytes those heals received, in all
+        self.integrity_findings = 0  # integrity findings recorded since start
 
     def started(self, epoch: str, committed_step: int, unix_ms: int) -> None:
         """This lighthouse started with epoch ``epoch``; ``committed_step`` > 0 was
@@ -592,6 +602,38 @@ class JobHistory:
         if self.metrics is not None:
             self.metrics.quarantined(1)
 
+    def integrity_reported(
+        self, replica_id: str, report: IntegrityReport, count: int, unix_ms: int
+    ) -> None:
+        """``replica_id`` reported an integrity finding; ``count``: its own divergences
+        the lighthouse counts toward quarantine now (rule 10)."""
+        self.integrity_findings += 1
+        what = {
+            IntegrityKind.DIVERGED: "its state diverged from the majority's",
+            IntegrityKind.HEAL_SOURCE_DIVERGED: "its heal source's state diverged from the "
+            "majority's (the healed state was dropped)",
+            IntegrityKind.NO_MAJORITY: "the replicas' states differ and no majority holds one "
+            "(no step commits)",
+        }[report.kind]
+        text = f"{replica_id}: silent data corruption at step {report.step}: {what}"
+        if report.tensors:
+            text += f", in {_names(report.tensors, limit=3)}"
+        if report.kind is IntegrityKind.DIVERGED:
+            text += f" ({count} time(s) in the counting window)"
+        self.timeline.add(
+            TimelineEvent(
+                kind=EventKind.INTEGRITY,
+                unix_ms=unix_ms,
+                text=text,
+                replica_ids=(replica_id,),
+                step=report.step,
+                integrity_kind=report.kind.value,
+                tensors=report.tensors,
+            )
+        )
+        if self.metrics is not None:
+            self.metrics.integrity_reported(report.kind.value)
+
     def gone_reason(self, replica_id: str) -> EventKind | None:
         """DEATH or LEFT if ``replica_id`` departed recently, else None."""
         return self._gone.get(replica_id)
@@ -618,6 +660,7 @@ class JobHistory:
             "timeline_total": self.timeline.total,
             "heals_reported": self.heals_reported,
             "heal_bytes_total": self.heal_bytes_total,
+            "integrity_findings": self.integrity_findings,
             "heals": [
                 {"replica_id": rid, "unix_ms": ms, "step": h.step, **_heal_fields(h)}
                 for rid, (h, ms) in reversed(self._last_heal.items())

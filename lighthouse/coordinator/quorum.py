@@ -70,6 +70,13 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    quarantined as in rule 7, and rule 5 does not wait for a quarantined
    claimant. A claimant that commits a step together with the others is
    proven and no longer a claimant.
+10. Silent data corruption: a replica that reported its own state diverged
+   from the majority's (``IntegrityReport``, kind ``DIVERGED``)
+   ``quarantine_after_divergences`` times within ``divergence_window_s`` is
+   quarantined as in rule 7, with a reason that says how often and where
+   (``lighthouse.coordinator.integrity``). Only a replica's own reports count,
+   the count starts afresh at each quarantine, and no quarantine leaves fewer
+   than ``min_replicas`` live replicas.
 
 The quorum id changes only when the membership changes or a member reports
 commit failures. Unlike torchft's lighthouse: a cancelled request is withdrawn (it can
@@ -91,7 +98,14 @@ from dataclasses import dataclass
 from enum import Enum
 
 from lighthouse.coordinator.committed import CommittedStep
-from lighthouse.types import Quorum, QuorumMember, copy_with
+from lighthouse.coordinator.integrity import (
+    DEFAULT_DIVERGENCE_WINDOW_S,
+    DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
+    DivergenceLog,
+    divergence_reason,
+    repeat_offenders,
+)
+from lighthouse.types import IntegrityReport, Quorum, QuorumMember, copy_with
 
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_JOIN_TIMEOUT_MS = 10_000
@@ -113,6 +127,9 @@ class QuorumConfig:
     ``quarantine_after_failures``: consecutive failed steps of a whole quorum before
     its unproven members are quarantined (rule 7); 0 disables quarantine.
     ``quarantine_base_s``: the first quarantine's length, doubled per repeat.
+    ``quarantine_after_divergences``: a replica's own reports of silent data
+    corruption within ``divergence_window_s`` seconds before it is quarantined
+    (rule 10); 0 disables that rule.
     """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
@@ -122,6 +139,8 @@ class QuorumConfig:
     allow_step_reset: bool = False
     quarantine_after_failures: int = DEFAULT_QUARANTINE_AFTER_FAILURES
     quarantine_base_s: float = DEFAULT_QUARANTINE_BASE_MS / 1000
+    quarantine_after_divergences: int = DEFAULT_QUARANTINE_AFTER_DIVERGENCES
+    divergence_window_s: float = DEFAULT_DIVERGENCE_WINDOW_S
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -136,6 +155,13 @@ class QuorumConfig:
             )
         if self.quarantine_base_s <= 0:
             raise ValueError(f"quarantine_base_s must be > 0, got {self.quarantine_base_s}")
+        if self.quarantine_after_divergences < 0:
+            raise ValueError(
+                "quarantine_after_divergences must be >= 0, got "
+                f"{self.quarantine_after_divergences}"
+            )
+        if self.divergence_window_s <= 0:
+            raise ValueError(f"divergence_window_s must be > 0, got {self.divergence_window_s}")
 
 
 class DecisionKind(str, Enum):
@@ -152,7 +178,7 @@ class DecisionKind(str, Enum):
     SHRINK_EMPTY = "shrink_empty"  # shrink_only and no asker was in the previous quorum
     BEHIND = "behind"  # rule 5: a live replica outside is ahead
     BELOW_COMMITTED = "below_committed"  # rule 6: below the job's committed step
-    QUARANTINE = "quarantine"  # rules 7-9: replicas to quarantine first
+    QUARANTINE = "quarantine"  # rules 7-10: replicas to quarantine first
 
 
 @dataclass(frozen=True)
@@ -231,6 +257,7 @@ class QuorumState:
         self._prev_top = 0
         self.refuted: dict[str, str] = {}
         self.claimants: set[str] = set()  # rule 9: joined far ahead of every proven replica
+        self.divergences = DivergenceLog()  # rule 10: replicas' own reports of corrupt state
 
     @property
     def committed_step(self) -> int:
@@ -280,6 +307,11 @@ class QuorumState:
         if m is not None and step > m.step:
             self.last_member[replica_id] = copy_with(m, step=step, step_time_ms=step_time_ms)
             self._reported(replica_id, step, False)
+
+    def integrity_reported(self, replica_id: str, report: IntegrityReport, now: float) -> bool:
+        """``replica_id`` reported an integrity finding at ``now`` (rule 10). False
+        if it is the report already recorded (a resent request): nothing changes."""
+        return self.divergences.reported(replica_id, report, now)
 
     def _reported(self, replica_id: str, step: int, failed: bool) -> None:
         """A member's report after the previous quorum: it may commit a step (rule 6)
@@ -347,6 +379,7 @@ class QuorumState:
         self.quarantined.pop(replica_id, None)
         self.refuted.pop(replica_id, None)
         self.claimants.discard(replica_id)
+        self.divergences.forget(replica_id)
         self.commits.gone(replica_id)  # nothing it reported outlives it
         return self.seen.pop(replica_id, None) is not None or had
 
@@ -399,6 +432,7 @@ class QuorumState:
             length = min(config.quarantine_base_s * 2 ** (strikes - 1), QUARANTINE_MAX_S)
             self.quarantined[rid] = Quarantine(now + length, strikes, why)
             self.refuted.pop(rid, None)
+            self.divergences.quarantined(rid)  # rule 10 counts afresh after any quarantine
 
     def asking(self, now: float) -> int:
         """Pending requests that are not quarantined."""
@@ -457,7 +491,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
 
     O(1) when not ready; O(N log N) to list the members when ready.
     """
-    refuted = _refuted(state, config)
+    refuted = _refuted(state, config) or _corrupt(state, config, now)
     if refuted is not None:
         return refuted
     n = state.asking(now)
@@ -553,6 +587,33 @@ def _refuted(state: QuorumState, config: QuorumConfig) -> Decision | None:
     ids = tuple(sorted(state.refuted))
     why = "; ".join(f"{rid}: {state.refuted[rid]}" for rid in ids[:3])
     return Decision(None, f"refusing the claim of {list(ids)}: {why}", DecisionKind.QUARANTINE, ids)
+
+
+def _corrupt(state: QuorumState, config: QuorumConfig, now: float) -> Decision | None:
+    """Rule 10: a "quarantine" decision naming the replicas whose own reports of a
+    diverged state reached ``quarantine_after_divergences`` within
+    ``divergence_window_s``, as many as leave ``min_replicas`` live ones.
+    O(1) while no replica reported a divergence."""
+    log = state.divergences
+    if config.quarantine_after_divergences <= 0 or not log.replica_ids():
+        return None
+    offenders = repeat_offenders(
+        log,
+        now,
+        after=config.quarantine_after_divergences,
+        window_s=config.divergence_window_s,
+        live=state.live_count(now, config.heartbeat_timeout_s),
+        min_replicas=config.min_replicas,
+        is_quarantined=lambda rid: state.is_quarantined(rid, now),
+    )
+    if not offenders:
+        return None
+    why = "; ".join(
+        f"{rid}: {divergence_reason(n, log.last_diverged(rid), config.divergence_window_s)}"
+        for rid, n in offenders
+    )
+    ids = tuple(rid for rid, _ in offenders)
+    return Decision(None, f"quarantining {list(ids)}: {why}", DecisionKind.QUARANTINE, ids)
 
 
 def _quarantine_suspects(

@@ -38,6 +38,10 @@ from lighthouse.coordinator.admission import (
     Refusal,
 )
 from lighthouse.coordinator.core import LighthouseCore, RefusedError, SupersededError
+from lighthouse.coordinator.integrity import (
+    DEFAULT_DIVERGENCE_WINDOW_S,
+    DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
+)
 from lighthouse.coordinator.job_state import JobStateFile
 from lighthouse.coordinator.quorum import (
     DEFAULT_HEARTBEAT_TIMEOUT_MS,
@@ -185,6 +189,12 @@ class LighthouseServer:
             (``lighthouse.connection_policy``).
         insecure: listen beyond loopback without a job secret (one warning
             says so); None: ``$TORCHFT_INSECURE``. Default: refused.
+        quarantine_after_divergences: how many times a replica may report its
+            own state diverged from the majority's (silent data corruption,
+            found by its integrity check) within ``divergence_window_ms``
+            before it is quarantined (rule 10 of ``lighthouse.coordinator.quorum``;
+            never below ``min_replicas``); 0 disables it. Default 3.
+        divergence_window_ms: that window in milliseconds; None = 3_600_000 (an hour).
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -216,6 +226,8 @@ class LighthouseServer:
         unauthenticated_timeout_ms: int | None = None,
         insecure: bool | None = None,
         state_lock: StateFileLock | None = None,
+        quarantine_after_divergences: int = DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
+        divergence_window_ms: int | None = None,
     ) -> None:
         self._job_secret = auth.resolve_job_secret(job_secret)
         insecure = exposure.insecure_opted_out(insecure)
@@ -227,6 +239,7 @@ class LighthouseServer:
         for name, value in (
             ("min_replicas", min_replicas),
             ("quarantine_after_failures", quarantine_after_failures),
+            ("quarantine_after_divergences", quarantine_after_divergences),
             ("max_tracked_replicas", max_tracked_replicas),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -245,6 +258,14 @@ class LighthouseServer:
             quarantine_after_failures=quarantine_after_failures,
             quarantine_base_s=_ms_arg(
                 "quarantine_base_ms", quarantine_base_ms, DEFAULT_QUARANTINE_BASE_MS, 1
+            )
+            / 1000,
+            quarantine_after_divergences=quarantine_after_divergences,
+            divergence_window_s=_ms_arg(
+                "divergence_window_ms",
+                divergence_window_ms,
+                round(DEFAULT_DIVERGENCE_WINDOW_S * 1000),
+                1,
             )
             / 1000,
         )

@@ -115,6 +115,13 @@ class LighthouseMetrics:
         self.quarantines = Counter(
             "lighthouse_quarantines", "Quarantines imposed (every strike counts)", registry=r
         )
+        self.integrity_divergences = Counter(
+            "lighthouse_integrity_divergences",
+            "Silent-data-corruption findings the replicas reported, by kind (diverged: its "
+            "own state; heal_source_diverged: its heal source's; no_majority)",
+            ["kind"],
+            registry=r,
+        )
 
     def quorum_issued(self, size: int, latency_s: float, new_id: bool) -> None:
         self.quorums.inc()
@@ -157,6 +164,10 @@ class LighthouseMetrics:
 
     def quarantined(self, count: int) -> None:
         self.quarantines.inc(count)
+
+    def integrity_reported(self, kind: str) -> None:
+        """A replica reported an integrity finding of ``kind`` (an ``IntegrityKind`` value)."""
+        self.integrity_divergences.labels(kind=kind).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -33,13 +33,15 @@ from lighthouse.replica.reachability import unreachable
 from lighthouse.replica.silence import silent_too_long
 from lighthouse.types import (
     HealReport,
+    IntegrityKind,
+    IntegrityReport,
     ManagerQuorumRequest,
     Quorum,
     QuorumMember,
     QuorumResult,
 )
 
-__all__ = ["Gather", "GroupRounds", "Vote", "group_heal", "vote_margin_s"]
+__all__ = ["Gather", "GroupRounds", "Vote", "group_heal", "group_integrity", "vote_margin_s"]
 
 log = logging.getLogger("lighthouse.manager")
 
@@ -61,6 +63,35 @@ def group_heal(reqs: list[ManagerQuorumRequest]) -> HealReport | None:
         step=max(h.step for h in heals),
         bytes_received=min(sum(h.bytes_received for h in heals), validate.MAX_COUNTER),
         transfer_s=max(h.transfer_s for h in heals),
+    )
+
+
+# Which finding a group reports when its ranks found different ones at one step:
+# its own corruption first (the one the lighthouse counts toward quarantine).
+_INTEGRITY_ORDER = (
+    IntegrityKind.DIVERGED,
+    IntegrityKind.HEAL_SOURCE_DIVERGED,
+    IntegrityKind.NO_MAJORITY,
+)
+
+
+def group_integrity(reqs: list[ManagerQuorumRequest]) -> IntegrityReport | None:
+    """The group's integrity finding from its ranks' reports (None if no rank reports
+    one). Each rank checks its own shard, so ranks may report different kinds and
+    tensors: the group reports the latest step's, its own divergence before its
+    heal source's before no majority, with the tensors its ranks named for that
+    kind (in group-rank order, each once, at most ``MAX_INTEGRITY_TENSORS``)."""
+    reports = [
+        r.integrity for r in sorted(reqs, key=lambda q: q.group_rank) if r.integrity is not None
+    ]
+    if not reports:
+        return None
+    step = max(r.step for r in reports)
+    latest = [r for r in reports if r.step == step]
+    kind = min((r.kind for r in latest), key=_INTEGRITY_ORDER.index)
+    names = dict.fromkeys(n for r in latest if r.kind is kind for n in r.tensors)
+    return IntegrityReport(
+        step=step, kind=kind, tensors=tuple(names)[: validate.MAX_INTEGRITY_TENSORS]
     )
 
 
@@ -206,7 +237,11 @@ class GroupRounds:
             # round asks the lighthouse, and the request carries its step: a ping too
             # would only double the lighthouse's work per round.
             self._link.ping_soon()
-        eligible = not any(r.shrink_only or r.commit_failures for r in reqs)
+        # An integrity finding goes to the lighthouse, never answered from the lease
+        # (its step failed, so it would not be anyway: this only makes sure).
+        eligible = not any(
+            r.shrink_only or r.commit_failures or r.integrity is not None for r in reqs
+        )
         generation = self._link.open_generation
         loop = asyncio.get_running_loop()
         self._round_mark = (loop.time(), generation, self._link.lighthouse_epoch)
@@ -264,6 +299,7 @@ class GroupRounds:
             ),
             unreachable=cut,
             heal=group_heal(reqs),
+            integrity=group_integrity(reqs),
         )
         asked_generation = self._link.open_generation
         try:

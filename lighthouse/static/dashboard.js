@@ -208,6 +208,7 @@ function renderCards(s, healthRows) {
     ["heals (timeline)", fmt.int(tl.filter(e => e.kind === "heal").reduce((n, e) => n + e.replica_ids.length, 0))],
     ["heal bytes (reported)", fmt.bytes(s.history.heal_bytes_total)],
     ["quarantines", fmt.int(count("quarantine"))],
+    ["corruption findings (timeline)", fmt.int(count("integrity"))],
     ["up", fmt.secs((s.history.now_unix_ms - s.started_unix_ms) / 1000)],
   ];
   document.getElementById("cards").replaceChildren(...cards.map(([k, v]) =>

@@ -24,7 +24,7 @@ from lighthouse.clock import FakeClock
 from lighthouse.coordinator.core import LighthouseCore
 from lighthouse.coordinator.quorum import QuorumConfig
 from lighthouse.coordinator.status import LighthouseMetrics
-from lighthouse.types import QuorumMember
+from lighthouse.types import IntegrityKind, IntegrityReport, QuorumMember
 
 CONFIG = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0, lease=False)
 PAUSE_AFTER_KILL_S = 4  # survivors' steps stall this long after the kill (s)
@@ -40,6 +40,7 @@ class SyntheticJob:
     killed: str
     restarted: str
     silent: str
+    corrupt: str  # reported its state diverged from the majority's once
 
 
 def replica_name(i: int, incarnation: int = 1) -> str:
@@ -83,7 +84,8 @@ async def _simulate(n: int, minutes: float, clock: FakeClock, epoch: str) -> Syn
     ask_all(ids, 0, 0)
     total_s = int(minutes * 60)
     kill_at, restart_at = int(total_s * 0.4), int(total_s * 0.6)
-    killed, silent = ids[7], ids[42 % n]
+    killed, silent, corrupt = ids[7], ids[42 % n], ids[5]
+    corrupt_at = int(total_s * 0.2)
     restarted = replica_name(7, incarnation=2)
     alive = list(ids)
     step = 0.0
@@ -93,6 +95,18 @@ async def _simulate(n: int, minutes: float, clock: FakeClock, epoch: str) -> Syn
         if second > paused_until:
             slowest = max(step_time_ms(i, second) for i in range(n))
             step += 1000.0 / slowest  # lockstep: the slowest replica sets the pace
+        if second == corrupt_at:  # its integrity check caught a flipped bit
+            core.request(
+                QuorumMember(
+                    corrupt,
+                    step=int(step),
+                    world_size=8,
+                    commit_failures=1,
+                    integrity=IntegrityReport(
+                        step=int(step), kind=IntegrityKind.DIVERGED, tensors=("layers.3.w",)
+                    ),
+                )
+            )
         if second == kill_at:
             alive.remove(killed)
             core.stream_closed(killed, queues.pop(killed))
@@ -117,6 +131,7 @@ async def _simulate(n: int, minutes: float, clock: FakeClock, epoch: str) -> Syn
         killed=killed,
         restarted=restarted,
         silent=silent,
+        corrupt=corrupt,
     )
 
 

@@ -86,6 +86,7 @@ COUNT_CARDS = {
     "deaths (timeline)",
     "heals (timeline)",
     "quarantines",
+    "corruption findings (timeline)",
 }
 # A decimal number and what follows it, in any text; addresses are taken out first.
 DECIMAL = re.compile(r"(\d+\.\d+)(\s?\S*)")
@@ -293,6 +294,9 @@ def test_64_replicas_stay_readable_and_a_new_epoch_is_marked(
         assert page["sparklines"] == 65
         kinds = {(e["kind"], rid) for e in page["timeline"] for rid in e["ids"]}
         assert ("death", job.killed) in kinds and ("heal", job.restarted) in kinds
+        assert ("integrity", job.corrupt) in kinds
+        cards = {c["k"]: c["v"] for c in page["cards"]}
+        assert cards["corruption findings (timeline)"] == "1"
     assert after["epoch"] == restarted["epoch"]
     texts = [e["text"] for e in after["timeline"]]
     assert any("restarted: epoch" in t for t in texts), texts[:5]

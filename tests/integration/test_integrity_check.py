@@ -5,8 +5,9 @@ Ranks run as threads of this process, each replica group on its own TCPStore,
 against a real lighthouse, over real gRPC and Gloo. One group's parameter has
 one bit flipped between two steps (as a faulty memory would); within
 `EVERY` steps the check must catch it, that group must vote no, heal from a
-majority member, and every group must end bit-identical. With two groups
-that disagree there is no majority: no step commits, and the log says why.
+majority member, and every group must end bit-identical; the lighthouse's
+`/status` shows the finding the corrupt group reported. With two groups that
+disagree there is no majority: no step commits, and the log and `/status` say why.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def test_a_corrupt_group_is_voted_out_and_healed_from_the_majority(
             ],
             timeout_s=200,
         )
+        status = lighthouse.status()
     finally:
         lighthouse.shutdown()
     by_key = {(g, r): results[g * ranks + r] for g in range(groups) for r in range(ranks)}
@@ -163,6 +165,13 @@ def test_a_corrupt_group_is_voted_out_and_healed_from_the_majority(
         and "1.weight" in line
         for line in lines
     ), lines
+    # the corrupt group told the lighthouse, once: /status and its timeline show it
+    (finding,) = status["recent_integrity_findings"]
+    assert finding["replica_id"].startswith("group1") and finding["kind"] == "diverged"
+    assert finding["step"] == caught and any("1.weight" in t for t in finding["tensors"])
+    events = [e for e in status["history"]["timeline"] if e["kind"] == "integrity"]
+    assert [(e["replica_ids"], e["step"]) for e in events] == [([finding["replica_id"]], caught)]
+    assert status["quarantined"] == []  # once is not a repeat offence
 
 
 @pytest.mark.timeout(240)
@@ -195,6 +204,7 @@ def test_two_groups_that_disagree_stop_committing_and_say_why(
             ],
             timeout_s=200,
         )
+        status = lighthouse.status()
     finally:
         lighthouse.shutdown()
     caught = (CORRUPT_AT // EVERY + 1) * EVERY
@@ -206,3 +216,9 @@ def test_two_groups_that_disagree_stop_committing_and_say_why(
         "no majority" in line and "stops committing" in line and f"at step {caught}" in line
         for line in lines
     ), lines
+    # both groups told the lighthouse there is no majority (each once: the same
+    # finding at every retry of the step is recorded once)
+    findings = status["recent_integrity_findings"]
+    assert {f["kind"] for f in findings} == {"no_majority"}
+    assert {f["step"] for f in findings} == {caught}
+    assert sorted(f["replica_id"].split(":")[0] for f in findings) == ["group0", "group1"]

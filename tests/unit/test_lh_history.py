@@ -15,7 +15,7 @@ from lighthouse.coordinator.history import (
     format_bytes,
     heal_figures,
 )
-from lighthouse.types import HealReport, Quorum, QuorumMember
+from lighthouse.types import HealReport, IntegrityKind, IntegrityReport, Quorum, QuorumMember
 
 
 def quorum(qid: int, steps: dict[str, int]) -> Quorum:
@@ -33,6 +33,7 @@ class RecordedMetrics:
     catch_ups: list[float] = field(default_factory=list)
     quarantine_counts: list[int] = field(default_factory=list)
     heal_reports: list[tuple[str, int, float]] = field(default_factory=list)
+    integrity_kinds: list[str] = field(default_factory=list)
 
     def replica_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
         self.progress.append((replica_id, step, step_time_ms))
@@ -51,6 +52,9 @@ class RecordedMetrics:
 
     def heal_reported(self, replica_id: str, nbytes: int, seconds: float) -> None:
         self.heal_reports.append((replica_id, nbytes, seconds))
+
+    def integrity_reported(self, kind: str) -> None:
+        self.integrity_kinds.append(kind)
 
 
 # -- StepHistory ----------------------------------------------------------------------
@@ -261,6 +265,7 @@ def test_to_json_has_every_documented_field() -> None:
         "heals_reported",
         "heal_bytes_total",
         "heals",
+        "integrity_findings",
     }
     assert set(out["replicas"][0]) == {
         "replica_id",
@@ -285,6 +290,8 @@ def test_to_json_has_every_documented_field() -> None:
         "heal_bytes",
         "heal_s",
         "heal_gb_per_s",
+        "integrity_kind",
+        "tensors",
     }
 
 
@@ -370,3 +377,31 @@ def test_bytes_read_with_decimal_units_and_three_digits() -> None:
         "9.22 EB",
     ]
     assert heal_figures(HealReport(step=1, bytes_received=5_000, transfer_s=0.0)) == "5 kB in 0 s"
+
+
+# -- integrity findings ------------------------------------------------------------------
+def test_an_integrity_finding_is_a_timeline_event_with_its_kind_and_tensors() -> None:
+    metrics = RecordedMetrics()
+    h = JobHistory(metrics=metrics)
+    names = ("0.weight", "0.bias", "1.weight", "1.bias")
+    h.integrity_reported(
+        "g1",
+        IntegrityReport(step=6, kind=IntegrityKind.DIVERGED, tensors=names),
+        2,
+        unix_ms=5,
+    )
+    h.integrity_reported(
+        "g0", IntegrityReport(step=9, kind=IntegrityKind.NO_MAJORITY), 0, unix_ms=6
+    )
+    first, second = h.timeline.events()
+    assert first.kind is EventKind.INTEGRITY and first.replica_ids == ("g1",)
+    assert first.step == 6 and first.integrity_kind == "diverged" and first.tensors == names
+    assert first.text == (
+        "g1: silent data corruption at step 6: its state diverged from the majority's, "
+        "in 0.weight, 0.bias, 1.weight and 1 more (2 time(s) in the counting window)"
+    )
+    assert second.to_json()["integrity_kind"] == "no_majority"
+    assert second.to_json()["tensors"] == []
+    assert "no majority" in second.text
+    assert metrics.integrity_kinds == ["diverged", "no_majority"]
+    assert h.to_json(now=0, now_unix_ms=7)["integrity_findings"] == 2

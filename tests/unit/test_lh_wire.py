@@ -14,6 +14,8 @@ from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
     FailureNotice,
     HealReport,
+    IntegrityKind,
+    IntegrityReport,
     ManagerQuorumRequest,
     Quorum,
     QuorumMember,
@@ -302,3 +304,111 @@ def test_a_negative_heal_on_the_wire_is_refused_when_decoded() -> None:
     req.requester.heal.transfer_s = float("nan")
     with pytest.raises(ValueError, match=r"heal\.transfer_s"):
         wire.decode_lighthouse_quorum_request(req.SerializeToString())
+
+
+# -- integrity reports -------------------------------------------------------------------
+INTEGRITY = IntegrityReport(
+    step=300, kind=IntegrityKind.DIVERGED, tensors=("model.layer1.weight", "optim.state.0.exp_avg")
+)
+
+
+@pytest.mark.parametrize("kind", list(IntegrityKind))
+def test_integrity_reports_travel_on_the_member_and_the_manager_request(
+    kind: IntegrityKind,
+) -> None:
+    report = replace(INTEGRITY, kind=kind)
+    member = replace(MEMBER, heal=HEAL, integrity=report)
+    assert (
+        wire.decode_lighthouse_quorum_request(wire.encode_lighthouse_quorum_request(member))
+        == member
+    )
+    quorum = Quorum(7, "e", (member,), 1)
+    assert wire.decode_lighthouse_quorum_response(
+        wire.encode_lighthouse_quorum_response(quorum)
+    ).participants == (member,)
+    req = ManagerQuorumRequest(
+        group_rank=1,
+        step=301,
+        checkpoint_metadata="m",
+        timeout=timedelta(seconds=1),
+        commit_failures=1,
+        integrity=report,
+    )
+    got = wire.decode_manager_quorum_request(
+        wire.encode_manager_quorum_request(req), timedelta(seconds=1)
+    )
+    assert got == req
+
+
+def test_messages_without_an_integrity_report_decode_to_none() -> None:
+    # what old clients send: the field is absent, so there is nothing to report
+    assert (
+        wire.decode_lighthouse_quorum_request(
+            wire.encode_lighthouse_quorum_request(MEMBER)
+        ).integrity
+        is None
+    )
+    old_request = pb.ManagerQuorumRequest(group_rank=0, step=3).SerializeToString()
+    assert wire.decode_manager_quorum_request(old_request, timedelta(seconds=1)).integrity is None
+
+
+def _integrity(step: Any, kind: Any, tensors: Any) -> IntegrityReport:
+    """An integrity report with any values, right or wrong (what a buggy caller may build)."""
+    return IntegrityReport(step=step, kind=kind, tensors=tensors)
+
+
+@pytest.mark.parametrize(
+    ("report", "error", "match"),
+    [
+        (_integrity(-1, IntegrityKind.DIVERGED, ()), ValueError, r"integrity\.step"),
+        (_integrity(2**63, IntegrityKind.DIVERGED, ()), ValueError, r"integrity\.step"),
+        (_integrity(1.0, IntegrityKind.DIVERGED, ()), TypeError, r"integrity\.step"),
+        (_integrity(1, "diverged", ()), TypeError, r"integrity\.kind"),
+        (_integrity(1, IntegrityKind.DIVERGED, ["w"]), TypeError, r"integrity\.tensors"),
+        (_integrity(1, IntegrityKind.DIVERGED, (b"w",)), TypeError, r"integrity\.tensors"),
+        (_integrity(1, IntegrityKind.DIVERGED, ("w",) * 9), ValueError, r"at most 8 tensors"),
+        (_integrity(1, IntegrityKind.DIVERGED, ("",)), ValueError, r"integrity\.tensors"),
+        (_integrity(1, IntegrityKind.DIVERGED, ("w" * 257,)), ValueError, r"257 characters"),
+        (_integrity(1, IntegrityKind.DIVERGED, ("a\nb",)), ValueError, r"printable"),
+    ],
+)
+def test_integrity_reports_out_of_range_are_refused_naming_the_field(
+    report: IntegrityReport, error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        validate.check_integrity_report(report)
+    with pytest.raises(error, match=match):
+        validate.check_member(replace(MEMBER, integrity=report))
+    req = ManagerQuorumRequest(
+        group_rank=0,
+        step=1,
+        checkpoint_metadata="",
+        timeout=timedelta(seconds=1),
+        integrity=report,
+    )
+    with pytest.raises(error, match=match):
+        wire.encode_manager_quorum_request(req)
+
+
+def test_a_bad_integrity_report_on_the_wire_is_refused_when_decoded() -> None:
+    unset = pb.ManagerQuorumRequest(group_rank=0, step=3)
+    unset.integrity.step = 3  # no kind: an unset enum reads KIND_UNSPECIFIED
+    with pytest.raises(ValueError, match=r"integrity\.kind"):
+        wire.decode_manager_quorum_request(unset.SerializeToString(), timedelta(seconds=1))
+    newer = pb.ManagerQuorumRequest(group_rank=0, step=3)
+    # a kind a newer peer added (proto3 enums are open)
+    newer.integrity.kind = 99  # type: ignore[assignment]
+    with pytest.raises(ValueError, match=r"integrity\.kind"):
+        wire.decode_manager_quorum_request(newer.SerializeToString(), timedelta(seconds=1))
+    flood = pb.LighthouseQuorumRequest()
+    flood.requester.replica_id = "r"
+    flood.requester.integrity.kind = pb.IntegrityReport.DIVERGED
+    flood.requester.integrity.tensors.extend(["w"] * 10_000)
+    with pytest.raises(ValueError, match=r"at most 8 tensors"):
+        wire.decode_lighthouse_quorum_request(flood.SerializeToString())
+    negative = pb.LighthouseQuorumRequest()
+    negative.requester.replica_id = "r"
+    negative.requester.integrity.kind = pb.IntegrityReport.NO_MAJORITY
+    negative.requester.integrity.step = -4
+    with pytest.raises(ValueError, match=r"integrity\.step"):
+        wire.decode_lighthouse_quorum_request(negative.SerializeToString())

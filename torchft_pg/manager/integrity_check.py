@@ -24,7 +24,11 @@ a member that heals this step sends an absent one. `state_verdict.judge`
   is right.
 
 Each finding is logged at WARNING with the replica, rank, step and the first
-differing tensors. A failure of the exchange itself is reported like a
+differing tensors. A finding against this rank's own group (its state, its
+heal source's, or no majority) is also left in `StepState.integrity_report`
+(an `IntegrityReport`), which the quorum round sends once with its next
+request: the lighthouse records it (timeline, `/status`, `/metrics`) and
+quarantines a group that keeps diverging. A failure of the exchange itself is reported like a
 failed collective (the step votes no).
 """
 
@@ -35,6 +39,8 @@ from datetime import timedelta
 
 import torch
 
+from lighthouse.types import IntegrityKind, IntegrityReport
+from lighthouse.validate import MAX_INTEGRITY_TENSORS, MAX_TENSOR_NAME_CHARS
 from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.errors import StateDivergedError
 from torchft_pg.futures import ProxyFuture
@@ -80,6 +86,20 @@ def _names(fingerprint: Fingerprint | None, slots: tuple[int, ...]) -> str:
     shown = ", ".join(names[:NAMES_SHOWN])
     more = len(names) - NAMES_SHOWN
     return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _reported_names(fingerprint: Fingerprint | None, slots: tuple[int, ...]) -> tuple[str, ...]:
+    """The first differing tensors' names as an `IntegrityReport` carries them:
+    at most `MAX_INTEGRITY_TENSORS`, each cut to `MAX_TENSOR_NAME_CHARS`
+    characters, unprintable characters escaped; () without a fingerprint."""
+    if fingerprint is None:
+        return ()
+    out = []
+    for name in names_in_slots(fingerprint.names, slots)[:MAX_INTEGRITY_TENSORS]:
+        printable = name if name.isprintable() else ascii(name)[1:-1]
+        if printable:
+            out.append(printable[:MAX_TENSOR_NAME_CHARS])
+    return tuple(out)
 
 
 class IntegrityCheck:
@@ -173,6 +193,13 @@ class IntegrityCheck:
             )
             logger.warning("%s %s", state.tag(), line)
             self.divergences += 1
+            own = verdict.divergence_of(me)
+            slots = (
+                own.slots
+                if own is not None
+                else tuple(sorted({s for d in verdict.diverged for s in d.slots}))
+            )
+            self._report(IntegrityKind.NO_MAJORITY, step, _reported_names(fingerprint, slots))
             state.report_error(StateDivergedError(line))
             return
         for d in verdict.diverged:
@@ -188,6 +215,7 @@ class IntegrityCheck:
         mine = verdict.divergence_of(me)
         if mine is not None:
             self.divergences += 1
+            self._report(IntegrityKind.DIVERGED, step, _reported_names(fingerprint, mine.slots))
             state.report_error(
                 StateDivergedError(
                     f"this replica's state differs from the majority's at step {step} in "
@@ -196,9 +224,17 @@ class IntegrityCheck:
             )
         elif state.heal_source is not None and not verdict.trusted(state.heal_source):
             self.divergences += 1
+            # A healer holds no fingerprint of its own, so no names to map the digest
+            # slots to: the report names none (the source's own report names them).
+            self._report(IntegrityKind.HEAL_SOURCE_DIVERGED, step, ())
             state.report_error(
                 StateDivergedError(
                     f"this step's heal source, {who(state.heal_source)}, holds a state that "
                     f"differs from the majority's at step {step}: the healed state is dropped"
                 )
             )
+
+    def _report(self, kind: IntegrityKind, step: int, tensors: tuple[str, ...]) -> None:
+        """Leave this finding for the lighthouse: the quorum round sends it once,
+        with this rank's next request (a later finding replaces an unsent one)."""
+        self._state.integrity_report = IntegrityReport(step=step, kind=kind, tensors=tensors)

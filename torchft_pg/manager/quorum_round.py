@@ -197,8 +197,10 @@ class QuorumRound:
 
     def _request(self, shrink_only: bool, timeout: timedelta) -> ManagerQuorumRequest:
         """This rank's request for this step's quorum, waiting up to `timeout`.
-        It carries the latest heal's report, which is then cleared (sent once)."""
+        It carries the latest heal's report and the integrity check's latest
+        finding, which are then cleared (each sent once)."""
         heal, self._heal_report = self._heal_report, None
+        integrity, self._state.integrity_report = self._state.integrity_report, None
         return ManagerQuorumRequest(
             group_rank=self._state.group_rank,
             step=self._counters.step,
@@ -209,6 +211,7 @@ class QuorumRound:
             commit_failures=self._counters.commit_failures,
             step_time_ms=self._state.step_time_ms,
             heal=heal,
+            integrity=integrity,
         )
 
     # -- the result ----------------------------------------------------------------

@@ -13,6 +13,9 @@ what each part may touch is visible in one place:
   (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
+* the integrity check writes `integrity_report` when it finds this group's
+  state (or its heal source's) corrupt, and the quorum round sends it once,
+  with its next request, and clears it;
 * the server connection writes `replica_id` once it has its incarnation;
 * the counters (`StepCounters`) are moved by the round and the vote.
 """
@@ -23,6 +26,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from lighthouse.types import IntegrityReport
 from torchft_pg.errors import ExceptionWithTraceback
 from torchft_pg.manager.participation import NOT_STARTED, Participation
 from torchft_pg.manager.step_counters import StepCounters
@@ -72,6 +76,9 @@ class StepState:
     replica_rank: int = 0
     replica_ids: tuple[str, ...] = ()
     heal_source: int | None = None
+    # The integrity check's latest finding against this group (or its heal source),
+    # for the lighthouse: sent once, with the next quorum request (None: none).
+    integrity_report: IntegrityReport | None = None
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
     # -- the step's failure --------------------------------------------------------
