@@ -39,6 +39,10 @@ from lighthouse.coordinator.quorum import (
     DEFAULT_QUORUM_TICK_MS,
 )
 from lighthouse.coordinator.server import DEFAULT_MAX_CONNECTIONS, LighthouseServer
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.tls import resolve_tls
 
 DEFAULT_PORT = 29510
@@ -144,6 +148,21 @@ def build_parser(
         type=int,
         default=DEFAULT_QUARANTINE_BASE_MS,
         help="first quarantine's length in milliseconds, doubled per repeat (at most 600 s)",
+    )
+    p.add_argument(
+        "--straggler-window",
+        type=int,
+        default=DEFAULT_STRAGGLER_WINDOW,
+        help="steps of each replica group's own work per step (its step time less its wait "
+        "for the other groups) kept to tell a straggler; 0 disables straggler eviction",
+    )
+    p.add_argument(
+        "--straggler-slowdown",
+        type=float,
+        default=DEFAULT_STRAGGLER_SLOWDOWN,
+        help="a group whose median work per step over the window is at least this many times "
+        "the other members' (> 1) is quarantined with the quarantine's backoff, never below "
+        "--min-replicas; it is let back in after the backoff and judged on a new window",
     )
     p.add_argument(
         "--job-secret-file",
@@ -282,6 +301,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             max_unauthenticated_per_peer=args.max_unauthenticated_per_peer,
             unauthenticated_timeout_ms=args.unauthenticated_timeout_ms,
             insecure=insecure,
+            straggler_window=args.straggler_window,
+            straggler_slowdown=args.straggler_slowdown,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -91,6 +91,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from lighthouse.coordinator.committed import CommittedStep
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.types import Quorum, QuorumMember, copy_with
 
 DEFAULT_MIN_REPLICAS = 1
@@ -113,6 +117,10 @@ class QuorumConfig:
     ``quarantine_after_failures``: consecutive failed steps of a whole quorum before
     its unproven members are quarantined (rule 7); 0 disables quarantine.
     ``quarantine_base_s``: the first quarantine's length, doubled per repeat.
+    ``straggler_window``: steps of work times kept per replica group to tell a
+    straggler (``lighthouse.coordinator.stragglers``); 0 disables the detector.
+    ``straggler_slowdown``: how many times the other members' median work per
+    step a group's median must reach to be quarantined as a straggler (> 1).
     """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
@@ -122,6 +130,8 @@ class QuorumConfig:
     allow_step_reset: bool = False
     quarantine_after_failures: int = DEFAULT_QUARANTINE_AFTER_FAILURES
     quarantine_base_s: float = DEFAULT_QUARANTINE_BASE_MS / 1000
+    straggler_window: int = DEFAULT_STRAGGLER_WINDOW
+    straggler_slowdown: float = DEFAULT_STRAGGLER_SLOWDOWN
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -136,6 +146,10 @@ class QuorumConfig:
             )
         if self.quarantine_base_s <= 0:
             raise ValueError(f"quarantine_base_s must be > 0, got {self.quarantine_base_s}")
+        if self.straggler_window < 0:
+            raise ValueError(f"straggler_window must be >= 0, got {self.straggler_window}")
+        if not self.straggler_slowdown > 1:  # also refuses NaN
+            raise ValueError(f"straggler_slowdown must be > 1, got {self.straggler_slowdown}")
 
 
 class DecisionKind(str, Enum):
@@ -152,7 +166,7 @@ class DecisionKind(str, Enum):
     SHRINK_EMPTY = "shrink_empty"  # shrink_only and no asker was in the previous quorum
     BEHIND = "behind"  # rule 5: a live replica outside is ahead
     BELOW_COMMITTED = "below_committed"  # rule 6: below the job's committed step
-    QUARANTINE = "quarantine"  # rules 7-9: replicas to quarantine first
+    QUARANTINE = "quarantine"  # rules 7-9 and stragglers: replicas to quarantine first
 
 
 @dataclass(frozen=True)
@@ -273,12 +287,17 @@ class QuorumState:
         if member.shrink_only:
             self.shrink_pending += 1
 
-    def report_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
+    def report_progress(
+        self, replica_id: str, step: int, step_time_ms: float, busy_ms: float = 0.0
+    ) -> None:
         """A live replica running on a lease reached ``step``: rule 5 and the step
-        report see it as if it had asked at that step."""
+        report see it as if it had asked at that step (with its last step's
+        duration and own work, ``step_time_ms`` and ``busy_ms``)."""
         m = self.last_member.get(replica_id)
         if m is not None and step > m.step:
-            self.last_member[replica_id] = copy_with(m, step=step, step_time_ms=step_time_ms)
+            self.last_member[replica_id] = copy_with(
+                m, step=step, step_time_ms=step_time_ms, busy_ms=busy_ms
+            )
             self._reported(replica_id, step, False)
 
     def _reported(self, replica_id: str, step: int, failed: bool) -> None:

@@ -50,6 +50,10 @@ from lighthouse.coordinator.quorum import (
 )
 from lighthouse.coordinator.status import MAX_CONNECTIONS as STATUS_MAX_CONNECTIONS
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
 from lighthouse.tls import TlsConfig, resolve_tls
 
@@ -180,6 +184,13 @@ class LighthouseServer:
             (``lighthouse.connection_policy``).
         insecure: listen beyond loopback without a job secret (one warning
             says so); None: ``$TORCHFT_INSECURE``. Default: refused.
+        straggler_window: steps of each replica group's work per step kept to
+            tell a straggler (``lighthouse.coordinator.stragglers``; default
+            50); 0 disables the detector.
+        straggler_slowdown: a group whose median work per step is at least
+            this many times the other members' (a float > 1, default 1.5) is
+            quarantined, with the quarantine's backoff, while the others stay
+            at least ``min_replicas``.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -210,6 +221,8 @@ class LighthouseServer:
         max_unauthenticated_per_peer: int = DEFAULT_MAX_UNAUTHENTICATED_PER_PEER,
         unauthenticated_timeout_ms: int | None = None,
         insecure: bool | None = None,
+        straggler_window: int = DEFAULT_STRAGGLER_WINDOW,
+        straggler_slowdown: float = DEFAULT_STRAGGLER_SLOWDOWN,
     ) -> None:
         self._job_secret = auth.resolve_job_secret(job_secret)
         insecure = exposure.insecure_opted_out(insecure)
@@ -222,6 +235,7 @@ class LighthouseServer:
             ("min_replicas", min_replicas),
             ("quarantine_after_failures", quarantine_after_failures),
             ("max_tracked_replicas", max_tracked_replicas),
+            ("straggler_window", straggler_window),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -230,6 +244,8 @@ class LighthouseServer:
         heartbeat_timeout_ms = _ms_arg(
             "heartbeat_timeout_ms", heartbeat_timeout_ms, DEFAULT_HEARTBEAT_TIMEOUT_MS, 1
         )
+        if isinstance(straggler_slowdown, bool) or not isinstance(straggler_slowdown, (int, float)):
+            raise TypeError(f"straggler_slowdown must be a float, got {straggler_slowdown!r}")
         self.config = QuorumConfig(
             min_replicas=min_replicas,
             join_timeout_s=join_timeout_ms / 1000,
@@ -241,6 +257,8 @@ class LighthouseServer:
                 "quarantine_base_ms", quarantine_base_ms, DEFAULT_QUARANTINE_BASE_MS, 1
             )
             / 1000,
+            straggler_window=straggler_window,
+            straggler_slowdown=float(straggler_slowdown),
         )
         unauthenticated_timeout_ms = _ms_arg(
             "unauthenticated_timeout_ms",
@@ -560,12 +578,12 @@ class LighthouseServer:
             if msg is grpc.aio.EOF:
                 return
             assert isinstance(msg, bytes)
-            got, leaving, step, step_time_ms, heal = wire.decode_liveness_ping_heal(msg)
-            if got and got != rid:
+            ping = wire.decode_liveness_ping_report(msg)
+            if ping.replica_id and ping.replica_id != rid:
                 raise ValueError(
-                    f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
+                    f"replica_id must stay {rid!r} on one liveness stream, got {ping.replica_id!r}"
                 )
-            if leaving:
-                self.core.replica_leaving(rid, queue, step if step > 0 else -1)
+            if ping.leaving:
+                self.core.replica_leaving(rid, queue, ping.step if ping.step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
-            self.core.progress(rid, step, step_time_ms, heal)
+            self.core.progress(rid, ping.step, ping.step_time_ms, ping.heal, ping.busy_ms)
