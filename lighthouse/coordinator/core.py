@@ -466,7 +466,11 @@ class LighthouseCore:
         the lease so the others ask again and form a quorum without it. O(members)."""
         busy = self.busy
         prev = self.state.prev
-        if busy is None or prev is None or now - self._last_straggler_check < STRAGGLER_CHECK_PERIOD_S:
+        if (
+            busy is None
+            or prev is None
+            or now - self._last_straggler_check < STRAGGLER_CHECK_PERIOD_S
+        ):
             return
         self._last_straggler_check = now
         for rid in busy.known():
