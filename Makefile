@@ -89,6 +89,7 @@ bench:  ## every benchmark: tables plus one JSON line each (~9 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/heal.py
 	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
 	PYTHONUNBUFFERED=1 $(PY) bench/lighthouse_outage.py
+	PYTHONUNBUFFERED=1 $(PY) bench/stragglers.py
 	PYTHONUNBUFFERED=1 $(PY) bench/semisync.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quantize.py
 	PYTHONUNBUFFERED=1 $(PY) bench/security.py
