@@ -145,8 +145,8 @@ def test_the_core_quarantines_a_straggler_on_a_lease_and_lets_it_back_after_its_
         clock = FakeClock()
         core = LighthouseCore(CFG, clock, "ep")
         queues = {rid: asyncio.Queue[bytes]() for rid in "abc"}
-        for rid, q in queues.items():
-            core.stream_opened(rid, q)
+        for rid, queue in queues.items():
+            core.stream_opened(rid, queue)
         futs = [core.request(_member(rid, 1)) for rid in "abc"]
         await asyncio.gather(*futs)
         assert core.lease.holders.keys() == {"a", "b", "c"}
