@@ -40,9 +40,10 @@ __all__ = [
     "find_straggler",
 ]
 
-# Measured with three groups of 20 ms simulated steps on 2 busy cores: a healthy
-# group's median busy time per 50 steps stayed within 1.15x of the others';
-# 1.5x (and n/(n-1), which is larger for fewer than three groups) leaves margin.
+# Measured (bench/stragglers.py: groups of 20 ms simulated steps on 2 shared
+# cores) the healthy groups' median work per step stayed within 1.07x of each
+# other; 1.5x (and n/(n-1), larger for fewer than three groups) leaves a wide
+# margin, and the median over 50 steps ignores a few slow ones (heals, checkpoints).
 DEFAULT_STRAGGLER_SLOWDOWN = 1.5
 DEFAULT_STRAGGLER_WINDOW = 50  # steps; 0 turns the detector off
 
