@@ -174,6 +174,12 @@ class QuorumMember:
         integrity: the group's latest integrity-check finding, sent once with
             the first request after it (None: nothing to report); recorded by
             the lighthouse, and repeated ``DIVERGED`` reports quarantine the group.
+        busy_ms: the group's own work in its last step, in milliseconds: its
+            step time less the time it waited for other groups in the step's
+            last cross-replica allreduce (the largest of its ranks'; 0 =
+            unknown). The straggler detector compares it across groups
+            (``coordinator.stragglers``): in a synchronous job the step times
+            are all alike, since every group waits for the slowest.
     """
 
     replica_id: str
@@ -189,6 +195,7 @@ class QuorumMember:
     unreachable: tuple[str, ...] = ()
     heal: HealReport | None = None
     integrity: IntegrityReport | None = None
+    busy_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,10 @@ class ManagerQuorumRequest:
         integrity: what this rank's latest integrity check found wrong with its
             group's state (or its heal source's), sent once with its first
             request after the check (None: nothing to report).
+        busy_ms: this rank's own work in its last step in milliseconds: its
+            step time less how long the step's last cross-replica allreduce
+            waited for the other groups (finite, 0 <= busy_ms <= step_time_ms;
+            0 = unknown). Stragglers are told by it.
     """
 
     group_rank: int
@@ -260,6 +271,26 @@ class ManagerQuorumRequest:
     step_time_ms: float = 0.0
     heal: HealReport | None = None
     integrity: IntegrityReport | None = None
+    busy_ms: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class LivenessPing:
+    """One ping on a manager server's liveness stream, as the lighthouse reads it.
+
+    ``leaving``: a clean shutdown, not a death (``step`` is then the step the
+    replica committed through). Otherwise ``step`` is the step of the
+    replica's latest quorum round, ``step_time_ms`` its last step's duration
+    and ``busy_ms`` that step's own work (see ``QuorumMember.busy_ms``), both
+    in milliseconds (0 = unknown); ``heal`` its latest heal, sent once.
+    """
+
+    replica_id: str
+    leaving: bool = False
+    step: int = 0
+    step_time_ms: float = 0.0
+    busy_ms: float = 0.0
+    heal: HealReport | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from lighthouse.types import (
     HealReport,
     IntegrityKind,
     IntegrityReport,
+    LivenessPing,
     ManagerQuorumRequest,
     QuorumMember,
 )
@@ -146,11 +147,41 @@ def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequ
         raise TypeError(f"step_time_ms must be a float number of milliseconds, got {ms!r}")
     if not math.isfinite(ms) or ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {ms}")
+    busy = req.busy_ms
+    if isinstance(busy, bool) or not isinstance(busy, (int, float)):
+        raise TypeError(f"busy_ms must be a float number of milliseconds, got {busy!r}")
+    check_busy_ms(busy, ms)
     if req.heal is not None:
         check_heal_report(req.heal)
     if req.integrity is not None:
         check_integrity_report(req.integrity)
     return req
+
+
+def check_busy_ms(busy_ms: float, step_time_ms: float) -> float:
+    """A step's own work in milliseconds: finite, >= 0 and at most the step's
+    duration ``step_time_ms`` it is part of (so 0 when that is unknown);
+    ``ValueError`` naming both otherwise."""
+    if not math.isfinite(busy_ms) or busy_ms < 0:
+        raise ValueError(f"busy_ms must be a finite number >= 0, got {busy_ms}")
+    if busy_ms > step_time_ms:
+        raise ValueError(
+            f"busy_ms must be at most the step time it is part of, got busy_ms {busy_ms} "
+            f"with step_time_ms {step_time_ms}"
+        )
+    return busy_ms
+
+
+def check_liveness_ping(ping: LivenessPing) -> LivenessPing:
+    """A liveness ping as the lighthouse reads it: its step times finite, >= 0,
+    the busy time within the step time, its heal report in range; ``ValueError``
+    naming the field otherwise. The replica id is the stream's to check."""
+    if not math.isfinite(ping.step_time_ms) or ping.step_time_ms < 0:
+        raise ValueError(f"step_time_ms must be a finite number >= 0, got {ping.step_time_ms}")
+    check_busy_ms(ping.busy_ms, ping.step_time_ms)
+    if ping.heal is not None:
+        check_heal_report(ping.heal)
+    return ping
 
 
 # Where a member keeps the wire text its ``data`` was decoded from (beside its
@@ -261,6 +292,7 @@ def check_member(m: QuorumMember) -> QuorumMember:
         )
     if not math.isfinite(m.step_time_ms) or m.step_time_ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {m.step_time_ms}")
+    check_busy_ms(m.busy_ms, m.step_time_ms)
     _check_data_size(member_data_json(m))
     size = sum(map(len, m.checkpoint_metadata))
     if size > MAX_METADATA_BYTES:

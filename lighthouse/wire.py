@@ -25,6 +25,7 @@ from lighthouse.types import (
     IntegrityReport,
     LeaseFloor,
     LeaseRecall,
+    LivenessPing,
     ManagerQuorumRequest,
     Quorum,
     QuorumMember,
@@ -108,6 +109,7 @@ def _member_to_pb(m: QuorumMember, out: pb.QuorumMember) -> None:
     out.data = validate.member_data_json(m)
     out.commit_failures = m.commit_failures
     out.step_time_ms = m.step_time_ms
+    out.busy_ms = m.busy_ms
     if m.checkpoint_metadata:
         out.checkpoint_metadata.extend(m.checkpoint_metadata)
     if m.unreachable:
@@ -142,6 +144,7 @@ def _member_from_pb(p: pb.QuorumMember) -> QuorumMember:
         unreachable=tuple(p.unreachable),
         heal=_heal_from_pb(p.heal) if p.HasField("heal") else None,
         integrity=_integrity_from_pb(p.integrity) if p.HasField("integrity") else None,
+        busy_ms=p.busy_ms,
     )
     return validate.with_data_json(m, text)  # relayed as received, never re-encoded
 
@@ -230,10 +233,16 @@ def encode_liveness_ping(
     step: int = 0,
     step_time_ms: float = 0.0,
     heal: HealReport | None = None,
+    busy_ms: float = 0.0,
 ) -> bytes:
-    """``heal``: the replica's latest heal, sent once (None: nothing to report)."""
+    """``heal``: the replica's latest heal, sent once (None: nothing to report);
+    ``busy_ms``: its last step's own work (``QuorumMember.busy_ms``)."""
     ping = pb.LivenessPing(
-        replica_id=replica_id, leaving=leaving, step=step, step_time_ms=step_time_ms
+        replica_id=replica_id,
+        leaving=leaving,
+        step=step,
+        step_time_ms=step_time_ms,
+        busy_ms=busy_ms,
     )
     if heal is not None:
         _heal_to_pb(heal, ping.heal)
@@ -262,6 +271,23 @@ def decode_liveness_ping_heal(
     assert isinstance(ping, pb.LivenessPing)
     heal = _heal_from_pb(ping.heal) if ping.HasField("heal") else None
     return ping.replica_id, ping.leaving, ping.step, ping.step_time_ms, heal
+
+
+def decode_liveness_ping_report(data: bytes) -> LivenessPing:
+    """The whole ping as a typed value; ``ValueError`` naming the field for a step
+    time, busy time or heal report out of range (``validate.check_liveness_ping``)."""
+    ping = _parse(pb.LivenessPing, data)
+    assert isinstance(ping, pb.LivenessPing)
+    return validate.check_liveness_ping(
+        LivenessPing(
+            replica_id=ping.replica_id,
+            leaving=ping.leaving,
+            step=ping.step,
+            step_time_ms=ping.step_time_ms,
+            busy_ms=ping.busy_ms,
+            heal=_heal_from_pb(ping.heal) if ping.HasField("heal") else None,
+        )
+    )
 
 
 def _notice_to_pb(n: FailureNotice, out: pb.FailureNotice) -> None:
@@ -379,6 +405,7 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
         init_sync=req.init_sync,
         commit_failures=req.commit_failures,
         step_time_ms=req.step_time_ms,
+        busy_ms=req.busy_ms,
     )
     if req.heal is not None:
         _heal_to_pb(req.heal, out.heal)
@@ -406,6 +433,7 @@ def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuo
         step_time_ms=r.step_time_ms,
         heal=_heal_from_pb(r.heal) if r.HasField("heal") else None,
         integrity=_integrity_from_pb(r.integrity) if r.HasField("integrity") else None,
+        busy_ms=r.busy_ms,
     )
     return validate.check_manager_quorum_request(req)
 

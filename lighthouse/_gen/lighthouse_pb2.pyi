@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class QuorumMember(_message.Message):
-    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata", "unreachable", "heal", "integrity")
+    __slots__ = ("replica_id", "address", "store_address", "step", "world_size", "shrink_only", "data", "commit_failures", "step_time_ms", "checkpoint_metadata", "unreachable", "heal", "integrity", "busy_ms")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class QuorumMember(_message.Message):
     UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
     INTEGRITY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     address: str
     store_address: str
@@ -35,7 +36,8 @@ class QuorumMember(_message.Message):
     unreachable: _containers.RepeatedScalarFieldContainer[str]
     heal: HealReport
     integrity: IntegrityReport
-    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ...) -> None: ...
+    busy_ms: float
+    def __init__(self, replica_id: _Optional[str] = ..., address: _Optional[str] = ..., store_address: _Optional[str] = ..., step: _Optional[int] = ..., world_size: _Optional[int] = ..., shrink_only: _Optional[bool] = ..., data: _Optional[str] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., checkpoint_metadata: _Optional[_Iterable[str]] = ..., unreachable: _Optional[_Iterable[str]] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ..., busy_ms: _Optional[float] = ...) -> None: ...
 
 class HealReport(_message.Message):
     __slots__ = ("step", "bytes_received", "transfer_s")
@@ -108,18 +110,20 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, epoch: _Optional[str] = ...) -> None: ...
 
 class LivenessPing(_message.Message):
-    __slots__ = ("replica_id", "leaving", "step", "step_time_ms", "heal")
+    __slots__ = ("replica_id", "leaving", "step", "step_time_ms", "heal", "busy_ms")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     leaving: bool
     step: int
     step_time_ms: float
     heal: HealReport
-    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ..., step: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ...) -> None: ...
+    busy_ms: float
+    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ..., step: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., busy_ms: _Optional[float] = ...) -> None: ...
 
 class FailureNotice(_message.Message):
     __slots__ = ("epoch", "quorum_id", "dead_replica_ids", "reason", "detected_unix_ms", "step")
@@ -184,7 +188,7 @@ class LivenessEvent(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ..., heartbeat_timeout_ms: _Optional[int] = ..., waiting: _Optional[_Union[QuorumWait, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal", "integrity")
+    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal", "integrity", "busy_ms")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +198,7 @@ class ManagerQuorumRequest(_message.Message):
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
     INTEGRITY_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MS_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     checkpoint_metadata: str
@@ -203,7 +208,8 @@ class ManagerQuorumRequest(_message.Message):
     step_time_ms: float
     heal: HealReport
     integrity: IntegrityReport
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ...) -> None: ...
+    busy_ms: float
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ..., busy_ms: _Optional[float] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
     __slots__ = ("quorum_id", "epoch", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "recover_src_checkpoint_metadata")

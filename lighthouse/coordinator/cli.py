@@ -44,6 +44,10 @@ from lighthouse.coordinator.quorum import (
 )
 from lighthouse.coordinator.server import DEFAULT_MAX_CONNECTIONS, LighthouseServer
 from lighthouse.coordinator.state_lock import StateFileLock, StateFileLockedError
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.tls import resolve_tls
 
 DEFAULT_PORT = 29510
@@ -171,6 +175,21 @@ def build_parser(
         type=int,
         default=round(DEFAULT_DIVERGENCE_WINDOW_S * 1000),
         help="the window in milliseconds over which --quarantine-after-divergences counts",
+    )
+    p.add_argument(
+        "--straggler-window",
+        type=int,
+        default=DEFAULT_STRAGGLER_WINDOW,
+        help="steps of each replica group's own work per step (its step time less its wait "
+        "for the other groups) kept to tell a straggler; 0 disables straggler eviction",
+    )
+    p.add_argument(
+        "--straggler-slowdown",
+        type=float,
+        default=DEFAULT_STRAGGLER_SLOWDOWN,
+        help="a group whose median work per step over the window is at least this many times "
+        "the other members' (> 1) is quarantined with the quarantine's backoff, never below "
+        "--min-replicas; it is let back in after the backoff and judged on a new window",
     )
     p.add_argument(
         "--job-secret-file",
@@ -334,6 +353,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             state_lock=state_lock,
             quarantine_after_divergences=args.quarantine_after_divergences,
             divergence_window_ms=args.divergence_window_ms,
+            straggler_window=args.straggler_window,
+            straggler_slowdown=args.straggler_slowdown,
         )
     except (ValueError, TypeError, OSError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ from lighthouse.coordinator.quorum import (
     QuorumState,
     decide_quorum,
 )
+from lighthouse.coordinator.stragglers import BusyWindows, Straggler, find_straggler
 from lighthouse.types import (
     FailureNotice,
     HealReport,
@@ -113,6 +114,12 @@ class LighthouseCore:
         # the dashboard's step samples and timeline (bounded ring buffers)
         self.history = JobHistory(metrics=metrics)
         self.history.started(epoch, committed, _unix_ms())
+        # straggler detection: each replica's recent work per step (None: off)
+        self.busy: BusyWindows | None = (
+            BusyWindows(config.straggler_window) if config.straggler_window > 0 else None
+        )
+        self._last_straggler_check = float("-inf")
+        self.last_straggler: Straggler | None = None  # the latest verdict, for /status
 
     # -- requests ----------------------------------------------------------------------
     def request(self, member: QuorumMember) -> asyncio.Future[bytes]:
@@ -130,8 +137,14 @@ class LighthouseCore:
         self.history.progress(rid, member.step, member.step_time_ms, now, _unix_ms(), member.heal)
         if member.integrity is not None:
             self._integrity_reported(rid, member.integrity, now)
+        if self.busy is not None:
+            self.busy.record(rid, member.step, member.busy_ms)
         self.lease.asked(rid)
-        if self.lease.holders and not self.state.is_quarantined(rid, now):
+        # A quarantined asker recalls the lease only if it holds one (an evicted
+        # straggler): holders already in a leased round it will not join must fail it.
+        if self.lease.holders and (
+            not self.state.is_quarantined(rid, now) or rid in self.lease.members
+        ):
             waiting = [p.member for p in self.state.pending.values()]
             self._send_recall(self.lease.recall_for_ask(self.epoch, waiting))
         self.evaluate()
@@ -187,13 +200,21 @@ class LighthouseCore:
         self.state.heartbeat(replica_id, self.clock.now())
 
     def progress(
-        self, replica_id: str, step: int, step_time_ms: float, heal: HealReport | None = None
+        self,
+        replica_id: str,
+        step: int,
+        step_time_ms: float,
+        heal: HealReport | None = None,
+        busy_ms: float = 0.0,
     ) -> None:
         """A liveness ping: a sign of life and the step of the replica's latest round
-        (``heal``: the replica's latest heal, if the ping reports one)."""
+        (``heal``: the replica's latest heal, if the ping reports one; ``busy_ms``:
+        its last step's own work, for the straggler detector)."""
         now = self.clock.now()
         self.state.heartbeat(replica_id, now)
-        self.state.report_progress(replica_id, step, step_time_ms)
+        self.state.report_progress(replica_id, step, step_time_ms, busy_ms)
+        if self.busy is not None:
+            self.busy.record(replica_id, step, busy_ms)
         self.history.progress(replica_id, step, step_time_ms, now, _unix_ms(), heal)
         self._send_floor(self.lease.progress(replica_id, step, now))
         self._persist(now)
@@ -391,6 +412,8 @@ class LighthouseCore:
         else:
             self.evaluate()
         now = self.clock.now()
+        self._check_stragglers(now)
+        self._readmit(now)
         self._persist(now)
         self._send_recall(self.lease.recall_for_stall(self.epoch, now, self.config.join_timeout_s))
         self._tell_waiting(now)
@@ -449,31 +472,88 @@ class LighthouseCore:
         elif self.quorums_issued % 100 == 0:
             log.info("%s", line)
 
+    def _quarantine(self, replica_ids: tuple[str, ...], now: float, reason: str) -> None:
+        """Quarantine ``replica_ids`` for ``reason``: the state, /status, the timeline, the log."""
+        self.state.quarantine(replica_ids, now, self.config, reason)
+        for rid in replica_ids:
+            q = self.state.quarantined[rid]
+            self.recent_quarantines.append(
+                {
+                    "replica_id": rid,
+                    "seconds": round(q.until - now, 3),
+                    "strikes": q.strikes,
+                    "reason": q.reason,
+                    "unix_ms": _unix_ms(),
+                }
+            )
+            self.history.quarantined(rid, q.until - now, q.strikes, q.reason, _unix_ms())
+            log.warning(
+                "quarantined replica %s for %.1f s (strike %d): %s",
+                rid,
+                q.until - now,
+                q.strikes,
+                reason,
+            )
+
+    def _check_stragglers(self, now: float) -> None:
+        """At most every ``STRAGGLER_CHECK_PERIOD_S``: quarantine the current quorum's
+        straggler, if the detector finds one (``coordinator.stragglers``), and recall
+        the lease so the others ask again and form a quorum without it. O(members)."""
+        busy = self.busy
+        prev = self.state.prev
+        if (
+            busy is None
+            or prev is None
+            or now - self._last_straggler_check < STRAGGLER_CHECK_PERIOD_S
+        ):
+            return
+        self._last_straggler_check = now
+        for rid in busy.known():
+            if rid not in self.state.seen:
+                busy.forget(rid)  # dead or left
+        members = [
+            m.replica_id
+            for m in prev.participants
+            if m.replica_id in self.state.seen and not self.state.is_quarantined(m.replica_id, now)
+        ]
+        medians = busy.medians(members)
+        if medians is None:
+            return
+        verdict = find_straggler(
+            medians,
+            slowdown=self.config.straggler_slowdown,
+            min_replicas=self.config.min_replicas,
+            steps=busy.window,
+        )
+        if verdict is None:
+            return
+        self.last_straggler = verdict
+        busy.reset(verdict.replica_id)  # judged again only on a whole new window
+        self._quarantine((verdict.replica_id,), now, verdict.reason())
+        # Nobody asks while the quorum runs on a lease: void it, failing no step (the
+        # straggler's own ask, held, then fails any leased round it will not join).
+        self._send_recall(self.lease.recall_all(self.epoch))
+        self.evaluate()
+
+    def _readmit(self, now: float) -> None:
+        """A waiting replica whose quarantine ended is a joiner: recall the others'
+        lease so they ask again and a quorum can take it in (sent once per lease)."""
+        if not self.lease.holders or not self.state.quarantined:
+            return
+        waiting = [
+            p.member
+            for rid, p in self.state.pending.items()
+            if rid in self.state.quarantined and not self.state.is_quarantined(rid, now)
+        ]
+        if waiting:
+            self._send_recall(self.lease.recall_for_ask(self.epoch, waiting))
+
     def evaluate(self) -> None:
         """Run the rules once; issue and deliver a quorum if they say so."""
         now = self.clock.now()
         d = decide_quorum(now, self.state, self.config)
         if d.quarantine:
-            self.state.quarantine(d.quarantine, now, self.config, d.reason)
-            for rid in d.quarantine:
-                q = self.state.quarantined[rid]
-                self.recent_quarantines.append(
-                    {
-                        "replica_id": rid,
-                        "seconds": round(q.until - now, 3),
-                        "strikes": q.strikes,
-                        "reason": q.reason,
-                        "unix_ms": _unix_ms(),
-                    }
-                )
-                self.history.quarantined(rid, q.until - now, q.strikes, q.reason, _unix_ms())
-                log.warning(
-                    "quarantined replica %s for %.1f s (strike %d): %s",
-                    rid,
-                    q.until - now,
-                    q.strikes,
-                    d.reason,
-                )
+            self._quarantine(d.quarantine, now, d.reason)
             d = decide_quorum(now, self.state, self.config)  # without them
         if d.kind is not self.decision.kind:
             quiet = d.kind in (DecisionKind.FAST, DecisionKind.IDLE)
@@ -538,6 +618,34 @@ class LighthouseCore:
             )
 
     # -- status --------------------------------------------------------------------------
+    def _straggler_report(self) -> dict[str, Any]:
+        """The detector's settings, each replica's median work per step over a full
+        window (ms), and its latest verdict, for ``/status`` and the dashboard."""
+        busy = self.busy
+        medians: dict[str, float] = {}
+        if busy is not None:
+            for rid in busy.known():
+                m = busy.median(rid)
+                if m is not None:
+                    medians[rid] = round(m, 3)
+        last = self.last_straggler
+        return {
+            "enabled": busy is not None,
+            "window_steps": self.config.straggler_window,
+            "slowdown": self.config.straggler_slowdown,
+            "median_busy_ms": medians,
+            "job_busy_ms": round(statistics.median(medians.values()), 3) if medians else None,
+            "last_verdict": None
+            if last is None
+            else {
+                "replica_id": last.replica_id,
+                "busy_ms": round(last.busy_ms, 3),
+                "others_ms": round(last.others_ms, 3),
+                "slowdown": round(last.slowdown, 3),
+                "reason": last.reason(),
+            },
+        }
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able picture for ``/status`` (O(N); called on demand only)."""
         now = self.clock.now()
@@ -620,12 +728,14 @@ class LighthouseCore:
             "recent_quarantines": list(self.recent_quarantines),
             "recent_integrity_findings": list(self.recent_integrity_findings),
             "step_report": step_report,
+            "stragglers": self._straggler_report(),
             "config": asdict(self.config),
             "health": [row.to_json() for row in health],
             "history": history,
         }
 
 
+STRAGGLER_CHECK_PERIOD_S = 1.0  # how often the straggler detector runs (on the tick)
 IMBALANCE_WARN_RATIO = 1.5  # slowest step time over the median that is worth a warning
 WAIT_TELL_PERIOD_S = 2.0  # a waiting asker hears new words of the same rule at most this often
 

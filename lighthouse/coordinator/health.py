@@ -37,7 +37,7 @@ class Health(str, Enum):
     WAITING = "waiting"  # asked for a quorum it is not in yet
     OUTSIDE = "outside"  # alive, neither in the quorum nor asking
     SILENT = "silent"  # no sign of life for half the heartbeat timeout
-    QUARANTINED = "quarantined"  # left out of quorums for a while (rule 7)
+    QUARANTINED = "quarantined"  # left out of quorums for a while (rules 7-9, stragglers)
     DEAD = "dead"  # declared dead (stream closed, or heartbeat timeout)
     LEFT = "left"  # shut down cleanly
 
@@ -53,7 +53,10 @@ class ReplicaHealth:
     reported, else derived from the step history (``step_time_derived``).
     ``commit_failures``: the steps in a row the replica's latest request says did
     not commit (e.g. fewer groups than its ``min_replica_size``; its own log says
-    why); a member with any is ``failing``.
+    why); a member with any is ``failing``. ``busy_ms``: the replica's latest
+    reported own work per step (its step time less its wait for the other
+    groups; the straggler detector compares these). ``quarantine_reason``: why
+    it is quarantined (e.g. a straggler's work against the others'), while it is.
     """
 
     replica_id: str
@@ -70,6 +73,8 @@ class ReplicaHealth:
     step_time_derived: bool
     liveness_streams: int
     commit_failures: int = 0
+    busy_ms: float | None = None
+    quarantine_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,6 +92,8 @@ class ReplicaHealth:
             "step_time_derived": self.step_time_derived,
             "liveness_streams": self.liveness_streams,
             "commit_failures": self.commit_failures,
+            "busy_ms": self.busy_ms,
+            "quarantine_reason": self.quarantine_reason,
         }
 
 
@@ -167,6 +174,10 @@ def replica_health(
                 step_time_derived=derived,
                 liveness_streams=streams.get(rid, 0),
                 commit_failures=failures,
+                busy_ms=round(latest.busy_ms, 3)
+                if latest is not None and alive and latest.busy_ms > 0
+                else None,
+                quarantine_reason=None if quarantined_s is None or q is None else q.reason,
             )
         )
     return rows

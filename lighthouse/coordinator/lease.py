@@ -22,7 +22,9 @@ on the holders' liveness streams, when:
   the others may still finish their leased rounds below the step the leaver
   committed through (``valid_below_step``), so a replica that finishes first
   strands nobody;
-- a quorum issued at the join timeout leaves holders out.
+- a quorum issued at the join timeout leaves holders out;
+- a holder is quarantined as a straggler (no leased round fails: the
+  straggler's own ask, held in quarantine, then recalls as any ask does).
 
 Alignment: the lease keeps its members in step as a quorum round would. Each
 holder reports every round it starts (an immediate liveness ping); when the
@@ -139,6 +141,14 @@ class QuorumLease:
         committed_through = min(committed_through, step + 1)
         recall = self._once(epoch, (replica_id,), committed_through, committed_through)
         return recall, self._raise_floor()
+
+    def recall_all(self, epoch: str) -> LeaseRecall | None:
+        """For every holder: ask the lighthouse from the next round on, failing no
+        leased round (a member was quarantined as a straggler; it finishes its
+        round with the others)."""
+        if not self.holders:
+            return None
+        return self._once(epoch, (), -1)
 
     def recall_excluded(self, epoch: str) -> LeaseRecall | None:
         """For holders left out of a new quorum: fail any leased step (their peers left)."""

@@ -105,6 +105,10 @@ from lighthouse.coordinator.integrity import (
     divergence_reason,
     repeat_offenders,
 )
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.types import IntegrityReport, Quorum, QuorumMember, copy_with
 
 DEFAULT_MIN_REPLICAS = 1
@@ -130,6 +134,10 @@ class QuorumConfig:
     ``quarantine_after_divergences``: a replica's own reports of silent data
     corruption within ``divergence_window_s`` seconds before it is quarantined
     (rule 10); 0 disables that rule.
+    ``straggler_window``: steps of work times kept per replica group to tell a
+    straggler (``lighthouse.coordinator.stragglers``); 0 disables the detector.
+    ``straggler_slowdown``: how many times the other members' median work per
+    step a group's median must reach to be quarantined as a straggler (> 1).
     """
 
     min_replicas: int = DEFAULT_MIN_REPLICAS
@@ -141,6 +149,8 @@ class QuorumConfig:
     quarantine_base_s: float = DEFAULT_QUARANTINE_BASE_MS / 1000
     quarantine_after_divergences: int = DEFAULT_QUARANTINE_AFTER_DIVERGENCES
     divergence_window_s: float = DEFAULT_DIVERGENCE_WINDOW_S
+    straggler_window: int = DEFAULT_STRAGGLER_WINDOW
+    straggler_slowdown: float = DEFAULT_STRAGGLER_SLOWDOWN
 
     def __post_init__(self) -> None:
         if self.min_replicas < 1:
@@ -162,6 +172,10 @@ class QuorumConfig:
             )
         if self.divergence_window_s <= 0:
             raise ValueError(f"divergence_window_s must be > 0, got {self.divergence_window_s}")
+        if self.straggler_window < 0:
+            raise ValueError(f"straggler_window must be >= 0, got {self.straggler_window}")
+        if not self.straggler_slowdown > 1:  # also refuses NaN
+            raise ValueError(f"straggler_slowdown must be > 1, got {self.straggler_slowdown}")
 
 
 class DecisionKind(str, Enum):
@@ -178,7 +192,7 @@ class DecisionKind(str, Enum):
     SHRINK_EMPTY = "shrink_empty"  # shrink_only and no asker was in the previous quorum
     BEHIND = "behind"  # rule 5: a live replica outside is ahead
     BELOW_COMMITTED = "below_committed"  # rule 6: below the job's committed step
-    QUARANTINE = "quarantine"  # rules 7-10: replicas to quarantine first
+    QUARANTINE = "quarantine"  # rules 7-10 and stragglers: replicas to quarantine first
 
 
 @dataclass(frozen=True)
@@ -300,12 +314,17 @@ class QuorumState:
         if member.shrink_only:
             self.shrink_pending += 1
 
-    def report_progress(self, replica_id: str, step: int, step_time_ms: float) -> None:
+    def report_progress(
+        self, replica_id: str, step: int, step_time_ms: float, busy_ms: float = 0.0
+    ) -> None:
         """A live replica running on a lease reached ``step``: rule 5 and the step
-        report see it as if it had asked at that step."""
+        report see it as if it had asked at that step (with its last step's
+        duration and own work, ``step_time_ms`` and ``busy_ms``)."""
         m = self.last_member.get(replica_id)
         if m is not None and step > m.step:
-            self.last_member[replica_id] = copy_with(m, step=step, step_time_ms=step_time_ms)
+            self.last_member[replica_id] = copy_with(
+                m, step=step, step_time_ms=step_time_ms, busy_ms=busy_ms
+            )
             self._reported(replica_id, step, False)
 
     def integrity_reported(self, replica_id: str, report: IntegrityReport, now: float) -> bool:

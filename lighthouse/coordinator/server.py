@@ -55,6 +55,10 @@ from lighthouse.coordinator.quorum import (
 from lighthouse.coordinator.state_lock import StateFileLock
 from lighthouse.coordinator.status import MAX_CONNECTIONS as STATUS_MAX_CONNECTIONS
 from lighthouse.coordinator.status import LighthouseMetrics, StatusHTTPServer
+from lighthouse.coordinator.stragglers import (
+    DEFAULT_STRAGGLER_SLOWDOWN,
+    DEFAULT_STRAGGLER_WINDOW,
+)
 from lighthouse.fd_limit import raise_nofile_limit, resolve_max_connections
 from lighthouse.tls import TlsConfig, resolve_tls
 
@@ -195,6 +199,13 @@ class LighthouseServer:
             before it is quarantined (rule 10 of ``lighthouse.coordinator.quorum``;
             never below ``min_replicas``); 0 disables it. Default 3.
         divergence_window_ms: that window in milliseconds; None = 3_600_000 (an hour).
+        straggler_window: steps of each replica group's work per step kept to
+            tell a straggler (``lighthouse.coordinator.stragglers``; default
+            50); 0 disables the detector.
+        straggler_slowdown: a group whose median work per step is at least
+            this many times the other members' (a float > 1, default 1.5) is
+            quarantined, with the quarantine's backoff, while the others stay
+            at least ``min_replicas``.
 
     Every millisecond argument must be at most 2**31 - 1. A wrong type raises
     ``TypeError`` and a value out of range ``ValueError``, each naming the value.
@@ -228,6 +239,8 @@ class LighthouseServer:
         state_lock: StateFileLock | None = None,
         quarantine_after_divergences: int = DEFAULT_QUARANTINE_AFTER_DIVERGENCES,
         divergence_window_ms: int | None = None,
+        straggler_window: int = DEFAULT_STRAGGLER_WINDOW,
+        straggler_slowdown: float = DEFAULT_STRAGGLER_SLOWDOWN,
     ) -> None:
         self._job_secret = auth.resolve_job_secret(job_secret)
         insecure = exposure.insecure_opted_out(insecure)
@@ -241,6 +254,7 @@ class LighthouseServer:
             ("quarantine_after_failures", quarantine_after_failures),
             ("quarantine_after_divergences", quarantine_after_divergences),
             ("max_tracked_replicas", max_tracked_replicas),
+            ("straggler_window", straggler_window),
         ):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -249,6 +263,8 @@ class LighthouseServer:
         heartbeat_timeout_ms = _ms_arg(
             "heartbeat_timeout_ms", heartbeat_timeout_ms, DEFAULT_HEARTBEAT_TIMEOUT_MS, 1
         )
+        if isinstance(straggler_slowdown, bool) or not isinstance(straggler_slowdown, (int, float)):
+            raise TypeError(f"straggler_slowdown must be a float, got {straggler_slowdown!r}")
         self.config = QuorumConfig(
             min_replicas=min_replicas,
             join_timeout_s=join_timeout_ms / 1000,
@@ -268,6 +284,8 @@ class LighthouseServer:
                 1,
             )
             / 1000,
+            straggler_window=straggler_window,
+            straggler_slowdown=float(straggler_slowdown),
         )
         unauthenticated_timeout_ms = _ms_arg(
             "unauthenticated_timeout_ms",
@@ -601,12 +619,12 @@ class LighthouseServer:
             if msg is grpc.aio.EOF:
                 return
             assert isinstance(msg, bytes)
-            got, leaving, step, step_time_ms, heal = wire.decode_liveness_ping_heal(msg)
-            if got and got != rid:
+            ping = wire.decode_liveness_ping_report(msg)
+            if ping.replica_id and ping.replica_id != rid:
                 raise ValueError(
-                    f"replica_id must stay {rid!r} on one liveness stream, got {got!r}"
+                    f"replica_id must stay {rid!r} on one liveness stream, got {ping.replica_id!r}"
                 )
-            if leaving:
-                self.core.replica_leaving(rid, queue, step if step > 0 else -1)
+            if ping.leaving:
+                self.core.replica_leaving(rid, queue, ping.step if ping.step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
-            self.core.progress(rid, step, step_time_ms, heal)
+            self.core.progress(rid, ping.step, ping.step_time_ms, ping.heal, ping.busy_ms)

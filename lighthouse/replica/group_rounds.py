@@ -228,7 +228,12 @@ class GroupRounds:
         reqs = list(g.requests.values())
         step = reqs[0].step
         self._last_quorum_step = step
-        self._link.progress = (step, max(r.step_time_ms for r in reqs))
+        # the group is as slow as its slowest rank: the largest step and busy times
+        self._link.progress = (
+            step,
+            max(r.step_time_ms for r in reqs),
+            max(r.busy_ms for r in reqs),
+        )
         heal = group_heal(reqs)
         if heal is not None:  # the ping below reaches the lighthouse even on a leased round
             self._link.heal = heal
@@ -294,6 +299,7 @@ class GroupRounds:
             shrink_only=any(r.shrink_only for r in reqs),
             commit_failures=failures,
             step_time_ms=max(float(r.step_time_ms) for r in reqs),
+            busy_ms=max(float(r.busy_ms) for r in reqs),
             checkpoint_metadata=tuple(
                 g.requests[r].checkpoint_metadata for r in range(self.world_size)
             ),

@@ -123,7 +123,8 @@ class LighthouseLink:
         self.silences = Silences()
         self._refusal = ""  # why the lighthouse last refused our stream (auth, job id)
         self.heartbeat_timeout_s: float | None = None
-        self.progress = (0, 0.0)  # (step, step time ms) sent with every ping
+        # (step, step time ms, busy ms) sent with every ping
+        self.progress: tuple[int, float, float] = (0, 0.0, 0.0)
         self.heal: HealReport | None = None  # the group's latest heal, sent with the next ping
         self.committed_through = -1  # sent with the leaving ping (-1: unknown)
         self._ping_now: asyncio.Event | None = None  # set: ping at once (a new round)
@@ -409,11 +410,13 @@ class LighthouseLink:
                 await wake.wait()
                 timer.cancel()
                 wake.clear()
-                step, step_time_ms = self.progress
+                step, step_time_ms, busy_ms = self.progress
                 heal, self.heal = self.heal, None  # reported once
                 try:
                     await call.write(
-                        wire.encode_liveness_ping(self.replica_id, False, step, step_time_ms, heal)
+                        wire.encode_liveness_ping(
+                            self.replica_id, False, step, step_time_ms, heal, busy_ms
+                        )
                     )
                 except BaseException:
                     if self.heal is None:  # not sent: the next stream's first ping carries it

@@ -254,6 +254,8 @@ function renderCharts(s) {
 
 function renderReplicas(s, rows) {
   const byId = new Map(s.history.replicas.map(x => [x.replica_id, x]));
+  // the job's work per step: the median over the replicas of their median work per step
+  const jobBusy = s.stragglers && s.stragglers.job_busy_ms !== null ? s.stragglers.job_busy_ms : null;
   setText("replica-count", `(${rows.length}; ${rows.filter(r => r.status === "ok").length} ok)`);
   const counts = {};
   for (const r of rows) counts[r.status] = (counts[r.status] || 0) + 1;
@@ -265,6 +267,9 @@ function renderReplicas(s, rows) {
     const series = byId.get(r.replica_id);
     const title = `${r.replica_id}: ${HEALTH_WORDS[r.status] || r.status}` +
       (r.quarantined_s !== null ? `, quarantined ${fmt.secs(r.quarantined_s)} more` : "") +
+      (r.quarantine_reason ? ` (${r.quarantine_reason})` : "") +
+      (r.busy_ms !== null && r.busy_ms !== undefined ? `; work per step ${fmt.ms(r.busy_ms)}` +
+        (jobBusy !== null ? ` against the job's ${fmt.ms(jobBusy)}` : "") : "") +
       (r.commit_failures ? `, ${fmt.int(r.commit_failures)} step(s) in a row not committed (its log says why)` : "") +
       (r.step_time_derived ? "; * step time derived from the step rate" : "");
     return el("div", {class: `replica status-${r.status}`, "data-replica-id": r.replica_id, "data-status": r.status, title},
@@ -272,6 +277,11 @@ function renderReplicas(s, rows) {
       el("div", {class: "row"}, el("span", {text: HEALTH_WORDS[r.status] || r.status}),
         el("span", {text: r.step === null ? "step —" : `step ${fmt.int(r.step)}${lag}`})),
       el("div", {class: "row"}, el("span", {text: fmt.rate(r.steps_per_s)}), el("span", {text: time})),
+      r.busy_ms !== null && r.busy_ms !== undefined
+        ? el("div", {class: "row", "data-busy": "1"}, el("span", {class: "muted", text: "work"}),
+          el("span", {text: fmt.ms(r.busy_ms) + (jobBusy !== null ? ` / job ${fmt.ms(jobBusy)}` : "")}))
+        : null,
+      r.quarantine_reason ? el("div", {class: "reason muted", text: r.quarantine_reason}) : null,
       el("div", {class: "row"}, el("span", {class: "muted", text: r.alive ? "seen " + fmt.ago(r.last_seen_s_ago) : "gone"}),
         r.commit_failures ? el("span", {class: "failures", text: `${fmt.int(r.commit_failures)} not committed`}) : null),
       series ? sparkline(series.steps_per_s) : null);

@@ -16,6 +16,7 @@ from lighthouse.types import (
     HealReport,
     IntegrityKind,
     IntegrityReport,
+    LivenessPing,
     ManagerQuorumRequest,
     Quorum,
     QuorumMember,
@@ -412,3 +413,47 @@ def test_a_bad_integrity_report_on_the_wire_is_refused_when_decoded() -> None:
     negative.requester.integrity.step = -4
     with pytest.raises(ValueError, match=r"integrity\.step"):
         wire.decode_lighthouse_quorum_request(negative.SerializeToString())
+
+
+def test_busy_ms_travels_on_the_member_the_manager_request_and_the_ping() -> None:
+    member = replace(MEMBER, busy_ms=7.25)
+    quorum = Quorum(1, "e", (member,))
+    got = wire.decode_lighthouse_quorum_response(wire.encode_lighthouse_quorum_response(quorum))
+    assert got.participants[0].busy_ms == 7.25
+    req = replace(REQUEST, step_time_ms=30.0, busy_ms=12.5)
+    data = wire.encode_manager_quorum_request(req)
+    assert wire.decode_manager_quorum_request(data, req.timeout).busy_ms == 12.5
+    ping = wire.encode_liveness_ping("x", False, 42, 30.0, HEAL, busy_ms=12.5)
+    assert wire.decode_liveness_ping_report(ping) == LivenessPing(
+        replica_id="x", step=42, step_time_ms=30.0, busy_ms=12.5, heal=HEAL
+    )
+    # an old sender's ping and request leave it unset: 0, unknown
+    assert wire.decode_liveness_ping_report(wire.encode_liveness_ping("x")).busy_ms == 0.0
+    old = pb.ManagerQuorumRequest(step=3, step_time_ms=5.0).SerializeToString()
+    assert wire.decode_manager_quorum_request(old, req.timeout).busy_ms == 0.0
+
+
+@pytest.mark.parametrize(
+    ("busy", "step_time", "msg"),
+    [
+        (float("nan"), 10.0, r"busy_ms must be a finite number >= 0, got nan"),
+        (-1.0, 10.0, r"busy_ms must be a finite number >= 0, got -1\.0"),
+        (11.0, 10.0, r"busy_ms must be at most the step time .* busy_ms 11\.0 .* 10\.0"),
+        (1.0, 0.0, r"busy_ms must be at most the step time"),
+    ],
+)
+def test_busy_ms_out_of_range_is_refused_naming_the_field(
+    busy: float, step_time: float, msg: str
+) -> None:
+    with pytest.raises(ValueError, match=msg):
+        validate.check_member(QuorumMember("a", step_time_ms=step_time, busy_ms=busy))
+    with pytest.raises(ValueError, match=msg):
+        wire.encode_manager_quorum_request(replace(REQUEST, step_time_ms=step_time, busy_ms=busy))
+    raw = pb.ManagerQuorumRequest(step_time_ms=step_time, busy_ms=busy).SerializeToString()
+    with pytest.raises(ValueError, match=msg):
+        wire.decode_manager_quorum_request(raw, timedelta(seconds=1))
+    ping = pb.LivenessPing(replica_id="x", step_time_ms=step_time, busy_ms=busy)
+    with pytest.raises(ValueError, match=msg):
+        wire.decode_liveness_ping_report(ping.SerializeToString())
+    with pytest.raises(TypeError, match="busy_ms must be a float"):
+        wire.encode_manager_quorum_request(replace(REQUEST, busy_ms="1"))  # type: ignore[arg-type]

@@ -459,3 +459,30 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="already registered under 'a'"):
         manager.register_state_dict_fn("a", lambda s: None, lambda: 1)
     manager.shutdown()
+
+
+def test_the_request_reports_the_steps_own_work_apart_from_its_wait_for_peers() -> None:
+    """busy_ms = step time less the wait of the step's last allreduce (submit to
+    completion): what tells a straggler when every group's step time is alike."""
+    now = [0.0]
+    manager, client, _, pg = make([result(quorum_id=1)], clock=lambda: now[0])
+    manager.start_quorum()
+    assert client.requests[-1].busy_ms == 0.0  # no step measured yet
+    manager.wait_quorum()
+    pg.hold = True
+    now[0] = 0.010
+    first = manager.allreduce(torch.ones(1))
+    pg.pending[0].set_result([torch.ones(1)])  # an early bucket, overlapped with work
+    first.wait()
+    now[0] = 0.030  # 30 ms of work, then the last bucket waits 70 ms for the peers
+    last = manager.allreduce(torch.ones(1))
+    now[0] = 0.100
+    pg.pending[1].set_result([torch.ones(1)])
+    last.wait()
+    assert manager.should_commit()
+    now[0] = 0.110
+    manager.start_quorum()
+    request = client.requests[-1]
+    assert request.step_time_ms == pytest.approx(110.0)
+    assert request.busy_ms == pytest.approx(40.0)
+    manager.shutdown()

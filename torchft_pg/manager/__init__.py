@@ -232,7 +232,12 @@ class Manager:
             clock=clock,
         )
         self._gradients = GradientSync(
-            state=self._state, pg=pg, notices=self._notices, round=self._round, timeout=timeout
+            state=self._state,
+            pg=pg,
+            notices=self._notices,
+            round=self._round,
+            timeout=timeout,
+            clock=clock,
         )
         self._integrity = IntegrityCheck(
             state=self._state,

@@ -10,6 +10,7 @@ contributions, summed in float32 in rank order (see `torchft_pg.quantization`).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -126,6 +127,10 @@ class GradientSync:
 
     `timeout` bounds each allreduce; `notices` aborts the in-flight ones when
     a failure notice concerns the step; a failure is reported to `state`.
+    Each completed allreduce writes the seconds from its submit to its
+    completion to `state.peer_wait_ms` (in ms, measured with `clock`, seconds):
+    the step's last one tells how long this rank waited for its peers, which
+    the lighthouse's straggler detector needs (two clock reads per op).
     """
 
     def __init__(
@@ -136,8 +141,10 @@ class GradientSync:
         notices: NoticeRouter,
         round: QuorumRound,
         timeout: timedelta,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
+        self._clock = clock
         self._pg = pg
         self._notices = notices
         self._round = round
@@ -180,6 +187,7 @@ class GradientSync:
             else:
                 private = self._spare.copy_of(tensor, zero=not contributes)
             divisor = max(participation.world_size, 1)
+            submitted = self._clock()
             if scheme is not None:
                 work, reduced = quantized_sum(self._pg, private, scheme)
             else:
@@ -197,6 +205,7 @@ class GradientSync:
             return completed_work(tensor)
 
         def finish(_: Any) -> torch.Tensor:
+            self._state.peer_wait_ms = (self._clock() - submitted) * 1000.0
             result = reduced()
             if in_place:  # the op reduced `tensor` itself
                 if average:

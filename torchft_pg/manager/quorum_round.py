@@ -177,7 +177,10 @@ class QuorumRound:
         the manager server's client; the round finishes in the background."""
         now = self._clock()
         if self._last_start is not None:
-            self._state.step_time_ms = (now - self._last_start) * 1000.0
+            step_ms = (now - self._last_start) * 1000.0
+            self._state.step_time_ms = step_ms
+            self._state.busy_ms = max(0.0, step_ms - self._state.peer_wait_ms)
+        self._state.peer_wait_ms = 0.0  # the next step's allreduces measure it afresh
         self._last_start = now
         self._state.healing = False
         self._deferred_heal = None
@@ -212,6 +215,7 @@ class QuorumRound:
             step_time_ms=self._state.step_time_ms,
             heal=heal,
             integrity=integrity,
+            busy_ms=min(self._state.busy_ms, self._state.step_time_ms),
         )
 
     # -- the result ----------------------------------------------------------------

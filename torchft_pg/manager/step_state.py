@@ -9,8 +9,10 @@ what each part may touch is visible in one place:
 
 * the quorum round writes `epoch`, `quorum_id`, `participants` (under
   `pg_lock`, together with the process group they describe), `participation`,
-  `healing`, `step_time_ms` and what the integrity check reads of the quorum
-  (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
+  `healing`, `step_time_ms`, `busy_ms` and what the integrity check reads of the
+  quorum (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
+* the gradient sync writes `peer_wait_ms` as each allreduce completes (the
+  quorum round reads it, and clears it, when the next step starts);
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
 * the integrity check writes `integrity_report` when it finds this group's
@@ -69,6 +71,16 @@ class StepState:
     # Milliseconds between the starts of the last two quorum rounds (sent with the
     # request, for the lighthouse's dashboard).
     step_time_ms: float = 0.0
+    # How long the latest completed allreduce of this step took from its submit to
+    # its completion, in milliseconds: the last one of a step completes only once
+    # every other replica group contributed, so it is the time this rank waited for
+    # its slowest peer (plus the transfer itself). 0.0: none completed yet.
+    peer_wait_ms: float = 0.0
+    # The last step's own work in milliseconds: `step_time_ms` less `peer_wait_ms`
+    # (0 = unknown). In a synchronous job every group's step time is the same (all
+    # wait for the slowest); what differs is how much of it each waited for peers,
+    # so this, not the step time, tells a straggler (the lighthouse's detector).
+    busy_ms: float = 0.0
     # The step's quorum as the integrity check reads it: the quorum's max step, this
     # group's rank among its members (its rank in the cross-replica group), the
     # members' ids in that order, and the member this rank heals from (None: none).
