@@ -93,6 +93,7 @@ bench:  ## every benchmark: tables plus one JSON line each (~10 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/semisync.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quantize.py
 	PYTHONUNBUFFERED=1 $(PY) bench/security.py
+	PYTHONUNBUFFERED=1 $(PY) bench/integrity.py
 
 proto:  ## regenerate lighthouse/_gen from proto/ (never edit _gen by hand)
 	$(PY) -m lighthouse._codegen lighthouse/_gen
