@@ -52,9 +52,11 @@ from torchft_pg.chaos.plan import Fault
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(
-    ["torch", "torch.distributed", "torchft_pg", "tests.chaos_support._warm"]
-)
+# What the forkserver imports before forking replicas (`_warm`: torch's lazy
+# imports paid once). The process has one forkserver and one preload list, which
+# other modules set too at their import (tests.multiproc, the benchmarks), and
+# the last call before the server starts wins: `run_chaos` sets it, at run time.
+_PRELOAD = ["torch", "torch.distributed", "torchft_pg", "tests.chaos_support._warm"]
 
 
 class _Pipe:
@@ -501,6 +503,7 @@ class _Run:
 
 def run_chaos(config: ChaosConfig, out: Callable[[str], None] = print) -> ChaosReport:
     """Run the plan and return the report; never leaves a process behind."""
+    _CTX.set_forkserver_preload(_PRELOAD)  # effective if no forkserver runs yet
     run = _Run(config, out)
     try:
         out(
