@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lighthouse_restart import ROOT, _free_port, _Lighthouse
+from bench.lighthouse_restart import ROOT, _free_port, _Lighthouse, one_rank_group
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "torchft_pg"])
@@ -45,33 +45,8 @@ MAX_STEPS = 1_000_000  # a bound on each replica's loop; the controller stops it
 
 
 def _replica(index: int, lighthouse: str, conn: Connection, stop: Any) -> None:
-    import torch
-    from torch.distributed import TCPStore
-
-    from torchft_pg import ProcessGroupGloo
-    from torchft_pg.manager import Manager
-
-    torch.set_num_threads(1)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    weights = torch.zeros(1024)
-
-    def load(state: dict[str, Any]) -> None:
-        weights.copy_(state["w"])
-
-    manager = Manager(  # the lighthouse's address, then its standby's
-        ProcessGroupGloo(timeout=timedelta(seconds=60)),
-        load_state_dict=load,
-        state_dict=lambda: {"w": weights},
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"out{index}",
-        init_sync=False,
-        quorum_timeout=timedelta(seconds=120),
-    )
-    grad = torch.ones(1024)
+    # the lighthouse's address, then its standby's
+    manager, grad, _store = one_rank_group(f"out{index}", lighthouse, timedelta(seconds=120))
     try:
         for _ in range(MAX_STEPS):
             if stop.is_set():

@@ -42,7 +42,13 @@ class RestartReport:
     errors: list[str] = field(default_factory=list)
 
 
-def _replica(index: int, lighthouse: str, conn: Connection, stop: Any) -> None:
+def one_rank_group(
+    replica_id: str, lighthouse: str, quorum_timeout: timedelta = timedelta(seconds=60)
+) -> tuple[Any, Any, Any]:
+    """A replica group of one rank in this process, for the benchmarks' replica
+    processes: its Manager (ProcessGroupGloo, a 4 KiB state healed from peers),
+    the gradient its steps allreduce, and the group's TCPStore, which the caller
+    keeps as long as the Manager. `lighthouse` may list standbys after a comma."""
     import torch
     from torch.distributed import TCPStore
 
@@ -65,10 +71,15 @@ def _replica(index: int, lighthouse: str, conn: Connection, stop: Any) -> None:
         store_addr="127.0.0.1",
         store_port=store.port,
         lighthouse_addr=lighthouse,
-        replica_id=f"lh{index}",
+        replica_id=replica_id,
         init_sync=False,
+        quorum_timeout=quorum_timeout,
     )
-    grad = torch.ones(1024)
+    return manager, torch.ones(1024), store
+
+
+def _replica(index: int, lighthouse: str, conn: Connection, stop: Any) -> None:
+    manager, grad, _store = one_rank_group(f"lh{index}", lighthouse)
     try:
         for _ in range(MAX_STEPS):
             if stop.is_set():

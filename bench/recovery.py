@@ -40,6 +40,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench import lighthouse_restart
+from bench.ddp_pairs import alternate, ddp_pair, paired_overhead
 from tests.chaos_support import ChaosConfig, ChaosReport, run_chaos
 from tests.multiproc import RankContext, run_ranks
 from torchft_pg.chaos import FaultPlan
@@ -66,69 +67,12 @@ def _model() -> Any:
 def _step_times(ctx: RankContext) -> dict[str, list[float]]:
     """Alternate rounds of plain DDP and Manager DDP on the same 2 processes."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed import TCPStore
-
-    from torchft_pg import ProcessGroupGloo
-    from torchft_pg.ddp import DistributedDataParallel
-    from torchft_pg.manager import Manager
-    from torchft_pg.optim import OptimizerWrapper
 
     lighthouse, rounds, steps = ctx.args
-    # one compute thread per process, as torchrun sets (OMP_NUM_THREADS=1) when it
-    # starts several: 2 processes x 2 threads would oversubscribe the 2 cores
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", store=dist.PrefixStore("plain", ctx.store), rank=ctx.rank, world_size=ctx.world_size
-    )
-    plain_model = _model()
-    plain = torch.nn.parallel.DistributedDataParallel(plain_model)
-    plain_opt = torch.optim.Adam(plain_model.parameters())
-
-    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ft_model = _model()
-    ft_inner = torch.optim.Adam(ft_model.parameters())
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=30)),
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"bench{ctx.rank}",
-        init_sync=False,
-    )
-    ft = DistributedDataParallel(manager, ft_model)
-    ft_opt = OptimizerWrapper(manager, ft_inner)
-
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(ctx.rank))
-    y = x.sum(dim=1, keepdim=True)
-    out: dict[str, list[float]] = {"plain": [], "manager": [], "plain_cpu": [], "manager_cpu": []}
-
-    def plain_step() -> None:
-        plain_opt.zero_grad()
-        torch.nn.functional.mse_loss(plain(x), y).backward()
-        plain_opt.step()
-
-    def ft_step() -> None:
-        ft_opt.zero_grad()
-        torch.nn.functional.mse_loss(ft(x), y).backward()
-        ft_opt.step()
-
-    for fn in (plain_step, ft_step, plain_step, ft_step):  # warm-up
-        fn()
-    modes = [("plain", plain_step), ("manager", ft_step)]
-    for r in range(rounds):
-        for name, fn in modes if r % 2 == 0 else modes[::-1]:  # alternate: no drift bias
-            ctx.barrier(f"{name}/{r}")
-            cpu = time.process_time()
-            start = time.perf_counter()
-            for _ in range(steps):
-                fn()
-            out[name].append((time.perf_counter() - start) / steps)
-            out[f"{name}_cpu"].append((time.process_time() - cpu) / steps)
-    manager.shutdown()
-    dist.destroy_process_group()
+    pair = ddp_pair(ctx, lighthouse, _model, x, x.sum(dim=1, keepdim=True))
+    out = alternate(ctx, pair, rounds, steps)
+    pair.close()
     return out
 
 
@@ -397,12 +341,6 @@ def _lighthouse_recovery(quick: bool, result: dict[str, Any], targets: dict[str,
     targets["lighthouse_restart_le_2s"] = max(listen) <= TARGET_LH_RESTART_S
 
 
-def _paired_overhead(per_rank: list[dict[str, list[float]]], ours: str, plain: str) -> float:
-    """The median over both ranks of each round's ratio `ours` / `plain`, minus one."""
-    ratios = [m / p for r in per_rank for m, p in zip(r[ours], r[plain], strict=True)]
-    return statistics.median(ratios) - 1
-
-
 def _overhead(quick: bool, result: dict[str, Any], targets: dict[str, bool]) -> None:
     from lighthouse import LighthouseServer
 
@@ -417,11 +355,11 @@ def _overhead(quick: bool, result: dict[str, Any], targets: dict[str, bool]) -> 
         # the median of each round's paired ratio, over both ranks: adjacent
         # rounds share the machine's mood, which moves by more than the overhead
         # between minutes (and, on this VM, between runs: short rounds, many pairs)
-        overhead = _paired_overhead(per_rank, "manager", "plain")
+        overhead = paired_overhead(per_rank, "manager", "plain")
         # the same for CPU per step (all of a rank's threads): less moved by the
         # machine's load than wall time, and it counts the work of our background
         # threads (the manager server's loop) that wall time may hide on idle cores
-        cpu_overhead = _paired_overhead(per_rank, "manager_cpu", "plain_cpu")
+        cpu_overhead = paired_overhead(per_rank, "manager_cpu", "plain_cpu")
         cpu_plain, cpu_managed = med(r0["plain_cpu"]), med(r0["manager_cpu"])
         print(
             f"\nper-step time, 2 processes, MLP {HIDDEN} hidden ({rounds} alternating rounds x "

@@ -22,11 +22,11 @@ import pstats
 import statistics
 import sys
 import time
-from datetime import timedelta
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.ddp_pairs import alternate, ddp_pair, paired_overhead
 from tests.multiproc import RankContext, run_ranks
 
 WIDTH_IN, HIDDEN, WIDTH_OUT = 256, 2048, 256
@@ -48,87 +48,30 @@ def _model() -> Any:
 def _rank(ctx: RankContext) -> dict[str, Any]:
     """Alternate rounds of plain DDP and Manager DDP; or profile the Manager's steps."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed import TCPStore
-
-    from torchft_pg import ProcessGroupGloo
-    from torchft_pg.ddp import DistributedDataParallel
-    from torchft_pg.manager import Manager
-    from torchft_pg.optim import OptimizerWrapper
 
     lighthouse, rounds, steps, profile = ctx.args
-    torch.set_num_threads(1)  # as torchrun sets for several processes on one host
-    dist.init_process_group(
-        "gloo", store=dist.PrefixStore("plain", ctx.store), rank=ctx.rank, world_size=ctx.world_size
-    )
-    plain_model = _model()
-    plain = torch.nn.parallel.DistributedDataParallel(plain_model)
-    plain_opt = torch.optim.Adam(plain_model.parameters())
-
-    group_store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    ft_model = _model()
-    ft_inner = torch.optim.Adam(ft_model.parameters())
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=30)),
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=group_store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"bench{ctx.rank}",
-        init_sync=False,
-    )
-    ft = DistributedDataParallel(manager, ft_model)
-    ft_opt = OptimizerWrapper(manager, ft_inner)
-
     x = torch.randn(64, WIDTH_IN, generator=torch.Generator().manual_seed(ctx.rank))
     y = torch.randn(64, WIDTH_OUT, generator=torch.Generator().manual_seed(ctx.rank + 7))
-    out: dict[str, Any] = {"plain": [], "manager": [], "plain_cpu": [], "manager_cpu": []}
-
-    def plain_step() -> None:
-        plain_opt.zero_grad()
-        torch.nn.functional.mse_loss(plain(x), y).backward()
-        plain_opt.step()
-
-    def ft_step() -> None:
-        ft_opt.zero_grad()
-        torch.nn.functional.mse_loss(ft(x), y).backward()
-        ft_opt.step()
-
-    for fn in (plain_step, ft_step, plain_step, ft_step):  # warm-up
-        fn()
+    pair = ddp_pair(ctx, lighthouse, _model, x, y)
+    out: dict[str, Any]
     if profile:
         ctx.barrier("profile")
         prof = cProfile.Profile()
         start = time.perf_counter()
         prof.enable()
         for _ in range(rounds * steps):
-            ft_step()
+            pair.ft_step()
         prof.disable()
-        out["manager"] = [(time.perf_counter() - start) / (rounds * steps)]
         text = io.StringIO()
         pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(30)
-        out["profile"] = text.getvalue()
+        out = {
+            "manager": [(time.perf_counter() - start) / (rounds * steps)],
+            "profile": text.getvalue(),
+        }
     else:
-        modes = [("plain", plain_step), ("manager", ft_step)]
-        for r in range(rounds):
-            for name, fn in modes if r % 2 == 0 else modes[::-1]:  # alternate: no drift bias
-                ctx.barrier(f"{name}/{r}")
-                cpu = time.process_time()
-                start = time.perf_counter()
-                for _ in range(steps):
-                    fn()
-                out[name].append((time.perf_counter() - start) / steps)
-                out[f"{name}_cpu"].append((time.process_time() - cpu) / steps)
-    manager.shutdown()
-    dist.destroy_process_group()
+        out = dict(alternate(ctx, pair, rounds, steps))
+    pair.close()
     return out
-
-
-def _paired(per_rank: list[dict[str, Any]], ours: str, plain: str) -> float:
-    """The median over both ranks of each round's ratio `ours` / `plain`, minus one."""
-    ratios = [m / p for r in per_rank for m, p in zip(r[ours], r[plain], strict=True)]
-    return statistics.median(ratios) - 1
 
 
 def main() -> None:
@@ -152,7 +95,10 @@ def main() -> None:
         return
     med = statistics.median
     r0 = per_rank[0]
-    wall, cpu = _paired(per_rank, "manager", "plain"), _paired(per_rank, "manager_cpu", "plain_cpu")
+    wall, cpu = (
+        paired_overhead(per_rank, "manager", "plain"),
+        paired_overhead(per_rank, "manager_cpu", "plain_cpu"),
+    )
     plain_ms = med(v for r in per_rank for v in r["plain"]) * 1e3
     ours_ms = med(v for r in per_rank for v in r["manager"]) * 1e3
     delta_ms = med(m - p for r in per_rank for m, p in zip(r["manager"], r["plain"], strict=True))

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.lighthouse_restart import ROOT, _free_port
+from bench.lighthouse_restart import ROOT, _free_port, one_rank_group
 
 _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "torchft_pg"])
@@ -51,33 +51,7 @@ MAX_STEPS = 1_000_000  # a bound on each replica's loop; the controller stops it
 
 
 def _replica(index: int, step_s: float, lighthouse: str, conn: Connection, stop: Any) -> None:
-    import torch
-    from torch.distributed import TCPStore
-
-    from torchft_pg import ProcessGroupGloo
-    from torchft_pg.manager import Manager
-
-    torch.set_num_threads(1)
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    weights = torch.zeros(1024)
-
-    def load(state: dict[str, Any]) -> None:
-        weights.copy_(state["w"])
-
-    manager = Manager(
-        ProcessGroupGloo(timeout=timedelta(seconds=60)),
-        load_state_dict=load,
-        state_dict=lambda: {"w": weights},
-        rank=0,
-        world_size=1,
-        store_addr="127.0.0.1",
-        store_port=store.port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"group{index}",
-        init_sync=False,
-        quorum_timeout=timedelta(seconds=120),
-    )
-    grad = torch.ones(1024)
+    manager, grad, _store = one_rank_group(f"group{index}", lighthouse, timedelta(seconds=120))
     try:
         for _ in range(MAX_STEPS):
             if stop.is_set():
