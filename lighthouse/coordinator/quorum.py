@@ -452,6 +452,9 @@ class QuorumState:
             self.quarantined[rid] = Quarantine(now + length, strikes, why)
             self.refuted.pop(rid, None)
             self.divergences.quarantined(rid)  # rule 10 counts afresh after any quarantine
+            # Left out, it no longer holds the job's committed step back (or moves it):
+            # the others commit on without it.
+            self.commits.gone(rid)
 
     def asking(self, now: float) -> int:
         """Pending requests that are not quarantined."""

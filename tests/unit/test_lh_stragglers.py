@@ -12,6 +12,7 @@ import pytest
 
 from lighthouse import wire
 from lighthouse.clock import FakeClock
+from lighthouse.coordinator.admission import step_jump
 from lighthouse.coordinator.core import STRAGGLER_CHECK_PERIOD_S, LighthouseCore
 from lighthouse.coordinator.quorum import QuorumConfig
 from lighthouse.coordinator.stragglers import (
@@ -184,6 +185,26 @@ def test_the_core_quarantines_a_straggler_on_a_lease_and_lets_it_back_after_its_
         # step 13 was the first sample of it)
         assert _run_until_judged(core, clock, 21) == 21 + WINDOW - 2
         assert core.state.quarantined["c"].strikes == 2  # still slow: out again, longer
+
+    asyncio.run(body())
+
+
+def test_a_quarantined_straggler_no_longer_holds_the_job_committed_step_back() -> None:
+    """The others go on committing without it: the job's committed step follows
+    them, so their next ask is not "far above the job's committed step"."""
+
+    async def body() -> None:
+        clock = FakeClock()
+        core = LighthouseCore(CFG, clock, "ep")
+        for rid in "abc":
+            core.stream_opened(rid, asyncio.Queue[bytes]())
+        await asyncio.gather(*[core.request(_member(rid, 1)) for rid in "abc"])
+        judged = _run_until_judged(core, clock, 2)
+        for step in range(judged + 1, judged + 6):  # the pair goes on; c's last step stays
+            for rid in "ab":
+                core.progress(rid, step, FAST, busy_ms=FAST)
+        assert core.state.committed_step == judged + 5
+        assert step_jump("a", judged + 6, core.state.committed_step, known=True) is None
 
     asyncio.run(body())
 
