@@ -10,17 +10,21 @@ history (the participants' batches, averaged as DDP and the Manager do)
 reaches every committed step's digest bit for bit. Faults land in every phase of a step (forward,
 allreduce, commit vote, configure, heal on both sides), on every replica
 (replica 0 included), in one rank of a group, as a SIGSTOP freeze, and
-overlapping. CI runs the short plans; the 100-kill soak is marked slow.
+overlapping. Faults that stop nothing join them: a flipped bit in one
+replica's state (caught by the integrity check, voted out, healed, and
+replayed by the oracle from the corrupt copy) and a straggler (left out of
+the quorum, then back). CI runs the short plans; the 100-kill soak is marked slow.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 import pytest
 
 from tests.chaos_support import ChaosConfig, ChaosReport, run_chaos
-from torchft_pg.chaos import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
+from torchft_pg.chaos import CLASSIC_FAULTS, HEALTH_FAULTS, PHASE_FAULTS, Fault, FaultPlan
 
 # The CI plans' upper bound: about six times the longest of them on a busy 2-core
 # machine. A run fails well before it if it hangs: once no rank has sent anything for
@@ -367,6 +371,41 @@ def test_soak_multi_rank_groups_with_partial_kills() -> None:
     assert any(phase == "allreduce_after" and g == 1 for _, g, _, phase in report.deaths)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1300)  # the run's own deadline is 1200 s
+def test_soak_corruptions_and_stragglers_among_every_other_fault() -> None:
+    """Flipped bits and stragglers at random steps among kills, phase kills, freezes,
+    delays and lighthouse restarts: each corruption caught within the check's
+    interval and replayed, each straggler left out and back, the oracle bit-exact."""
+    kinds: list[Fault] = [k for k in (*PHASE_FAULTS, *CLASSIC_FAULTS) if k != Fault.KILL_BABY_CHILD]
+    kinds += list(HEALTH_FAULTS) * 4  # about a third of the other faults
+    plan = FaultPlan.random(
+        seed=29,
+        replicas=4,
+        steps=1000,
+        kills=30,
+        other_faults=90,
+        gap=8,
+        kinds=kinds,
+        overlaps=12,
+    )
+    assert plan.count(Fault.CORRUPT_STATE) >= 15 and plan.count(Fault.STRAGGLE) >= 10
+    report = run_chaos(
+        _health(
+            ChaosConfig(
+                replicas=4,
+                steps=1000,
+                plan=plan,
+                heartbeat_timeout_ms=2000,
+                deadline_s=1200,
+                verbose=False,
+            )
+        )
+    )
+    _check(report)
+    _check_health(report, plan)
+
+
 def test_every_group_required_restarted_groups_rejoin() -> None:
     """min_replica_size = the number of groups: a killed group's survivors wait for
     it, and once restarted it heals into a step and the job goes on (it used to
@@ -420,6 +459,61 @@ def test_soak_every_group_required() -> None:
     _check(report)
     assert report.kills >= plan.count(Fault.KILL_REPLICA) >= 20
     assert len(report.restart_to_commit_s) == report.restarts
+
+
+CHECK_EVERY = 5  # the integrity check's interval in the health-fault runs (steps)
+
+
+def _health(config: ChaosConfig) -> ChaosConfig:
+    """`config` with the integrity check every CHECK_EVERY steps, and the lighthouse's
+    straggler detector on a short window with a short first quarantine."""
+    return dataclasses.replace(
+        config,
+        integrity_check_every=CHECK_EVERY,
+        straggler_window=8,
+        quarantine_base_ms=1000,
+        straggle_s=0.2,
+    )
+
+
+def _check_health(report: ChaosReport, plan: FaultPlan, group_world_size: int = 1) -> None:
+    """Every corruption caught within the check's interval, by every rank of its group
+    (the supervisor checked the lighthouse has each finding); every straggler left
+    out of the quorum as a straggler, and back."""
+    corrupted = plan.count(Fault.CORRUPT_STATE)
+    assert len(report.corruptions) == corrupted * group_world_size, report.corruptions
+    for _, _, at, healed in report.corruptions:
+        assert at < healed <= at + CHECK_EVERY, report.corruptions
+    assert len(report.integrity_findings) >= corrupted, report.integrity_findings
+    assert len(report.straggles) == plan.count(Fault.STRAGGLE), report.straggles
+    assert all(healed for *_, healed in report.straggles), report.straggles
+    reasons = [q["reason"] for q in report.quarantines]
+    assert sum(r.startswith("straggler:") for r in reasons) >= plan.count(Fault.STRAGGLE), reasons
+
+
+def test_a_flipped_bit_is_caught_healed_and_replayed_and_a_straggler_comes_and_goes() -> None:
+    """Two corruptions (one in the parameters' or the optimizer's state, wherever the
+    seed puts it) and a straggler, one after the other, on 3 single-rank groups."""
+    plan = FaultPlan(
+        {
+            (1, 4): Fault.CORRUPT_STATE,
+            (2, 12): Fault.STRAGGLE,
+            (0, 20): Fault.CORRUPT_STATE,
+        },
+        seed=3,
+    )
+    report = run_chaos(_health(ChaosConfig(replicas=3, steps=30, plan=plan, verbose=False)))
+    _check(report)
+    _check_health(report, plan)
+
+
+def test_a_corrupt_two_rank_group_is_caught_on_every_rank() -> None:
+    plan = FaultPlan({(2, 4): Fault.CORRUPT_STATE, (0, 12): Fault.KILL_REPLICA}, seed=8)
+    report = run_chaos(
+        _health(ChaosConfig(replicas=3, group_world_size=2, steps=24, plan=plan, verbose=False))
+    )
+    _check(report)
+    _check_health(report, plan, group_world_size=2)
 
 
 def test_a_run_that_stops_making_progress_fails_on_its_stall_bound_not_its_deadline() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.chaos_support.diloco_workload import Algorithm, DiLoCoSettings
 from torchft_pg.chaos.plan import FaultPlan
@@ -51,6 +52,15 @@ class ChaosConfig:
     # The job secret every process of the run presents (None: an open job); the
     # lighthouse then refuses every call without it.
     job_secret: str | None = None
+    # The Managers' integrity check: committed steps between checks (None: off). A
+    # CORRUPT_STATE must be caught and healed within this many steps.
+    integrity_check_every: int | None = 100
+    # The lighthouse's straggler detector: steps per window (None: its default;
+    # 0: off), the first quarantine's length (ms; None: its default).
+    straggler_window: int | None = None
+    quarantine_base_ms: int | None = None
+    straggle_s: float = 0.25  # STRAGGLE: seconds added to each of the straggler's steps ...
+    straggle_steps: int = 200  # ... for at most this many of its steps
     verbose: bool = True
     log_level: int = logging.WARNING  # the replicas' logging (INFO shows every quorum and heal)
 
@@ -93,6 +103,13 @@ class ChaosReport:
     join_configure_s: list[float] = field(default_factory=list)
     join_heal_s: list[float] = field(default_factory=list)
     quorum_ids: list[str] = field(default_factory=list)
+    # every CORRUPT_STATE: (replica, group rank, step corrupted, step healed at; -1: never)
+    corruptions: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # every STRAGGLE: (replica, step it began, step it ended, ended by a heal)
+    straggles: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    # what the lighthouse(s) recorded (`/status`): integrity findings, quarantines
+    integrity_findings: list[dict[str, Any]] = field(default_factory=list)
+    quarantines: list[dict[str, Any]] = field(default_factory=list)
     # DiLoCo: every heal, (replica, incarnation, outer step healed to, source replica)
     heals: list[tuple[int, int, int, int]] = field(default_factory=list)
     oracle_steps: int = 0  # committed (outer) steps the oracle replayed (0: it did not run)

@@ -13,6 +13,7 @@ from tests.chaos_support.workload import FlatState
 
 __all__ = [
     "Contribution",
+    "Corrupted",
     "Done",
     "Dying",
     "Error",
@@ -25,6 +26,7 @@ __all__ = [
     "Release",
     "Started",
     "StepEnded",
+    "StraggleEnded",
 ]
 
 
@@ -62,7 +64,10 @@ class Contribution(Event):
     `participating`: it contributes its gradient (False: a healer or spare
     sending zeros); `divisor`: the number of participants the sum is divided
     by; `data_step`: the step its batch was drawn for; `loss`: its loss on it;
-    `sent_norm`: the L2 norm of what it sends (its gradient bucket; 0 for zeros).
+    `sent_norm`: the L2 norm of what it sends (its gradient bucket; 0 for zeros);
+    `state_digest`: the digest of the state its gradient was taken at (before its
+    forward), which the oracle matches with the committed state or a known
+    corruption of it.
     """
 
     quorum: str  # "epoch/quorum id"
@@ -72,6 +77,27 @@ class Contribution(Event):
     data_step: int
     loss: float
     sent_norm: float = 0.0
+    state_digest: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StraggleEnded(Event):
+    """A STRAGGLE ran its course at the rank's step `step`: `healed`, it was left
+    out of the quorum and healed back in; otherwise its steps ran out."""
+
+    step: int
+    healed: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corrupted(Event):
+    """A CORRUPT_STATE fault flipped bit `bit` of element `index` of `tensor` (named
+    as in `workload.state_tensors`) at the rank's step `step`, before its forward."""
+
+    step: int
+    tensor: str
+    index: int
+    bit: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,10 +23,21 @@ from torch.distributed import TCPStore
 
 from lighthouse import auth
 from tests.chaos_support.diloco_workload import Algorithm, DiLoCoSettings
-from tests.chaos_support.events import Dying, Event, FaultFired, Finish, Frozen, Ready, Release
+from tests.chaos_support.events import (
+    Corrupted,
+    Dying,
+    Event,
+    FaultFired,
+    Finish,
+    Frozen,
+    Ready,
+    Release,
+    StraggleEnded,
+)
 from tests.chaos_support.exact_sum import ExactSumProcessGroup
 from torchft_pg.chaos import Action, Fault, FaultInjectingManager, FaultPlan, Phase, ReplicaFaults
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport, PGTransport
+from torchft_pg.manager.integrity_check import DEFAULT_CHECK_EVERY
 from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
 __all__ = ["GO_KEY", "Commands", "Events", "RankHarness", "TrainerConfig"]
@@ -62,6 +73,10 @@ class TrainerConfig:
     algorithm: Algorithm = Algorithm.DDP  # DILOCO: steps are DiLoCo's outer syncs
     diloco: DiLoCoSettings = field(default_factory=DiLoCoSettings)
     job_secret: str | None = None  # exported as TORCHFT_JOB_SECRET, as a launcher would
+    # The Manager's integrity check: committed steps between checks (None: off).
+    integrity_check_every: int | None = DEFAULT_CHECK_EVERY
+    straggle_s: float = 0.25  # STRAGGLE: seconds added to each step ...
+    straggle_steps: int = 200  # ... for at most this many steps
 
 
 class Events(Protocol):
@@ -122,6 +137,8 @@ class RankHarness:
             fired=config.fired,
             announce=self._announce,
             on_fired=self._fired,
+            straggle_s=config.straggle_s,
+            straggle_steps=config.straggle_steps,
         )
         self.inner_pg: ProcessGroup = (
             ProcessGroupBabyGloo(timeout=timeout)
@@ -153,6 +170,7 @@ class RankHarness:
             timeout=timeout,
             quorum_timeout=timedelta(seconds=config.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30),
+            integrity_check_every=config.integrity_check_every,
         )
         self.released = dict(config.released)
         self.finish_at = config.finish_at if commands is not None else 0
@@ -218,7 +236,27 @@ class RankHarness:
         """Fire the fault planned (and released) for this rank at `step`, if any
         (`ReplicaFaults.fire_due`). Returns it, for the loop to act on the others."""
         released = self.released if self.commands is not None else None
-        return self.faults.fire_due(step, released)
+        straggling = self.faults.straggling
+        fault = self.faults.fire_due(step, released)
+        if straggling and not self.faults.straggling:
+            self.events.put(
+                StraggleEnded(
+                    **self.who, at=time.time(), step=step, healed=self.faults.straggle_healed
+                )
+            )
+        flip = self.faults.last_flip
+        if fault == Fault.CORRUPT_STATE and flip is not None:
+            self.events.put(
+                Corrupted(
+                    **self.who,
+                    at=time.time(),
+                    step=step,
+                    tensor=flip.tensor,
+                    index=flip.index,
+                    bit=flip.bit,
+                )
+            )
+        return fault
 
     def _fired(self, planned_step: int, fault: Fault, step: int) -> None:
         self.events.put(

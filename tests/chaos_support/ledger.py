@@ -14,7 +14,13 @@ the step and the quorum involved:
 * every committer of `s` divided the same way (the number of participants) and
   applied the same averaged gradient (its norm, bit for bit: an allreduce gives
   every member the same result);
-* a group never commits a step one of its ranks died in before voting.
+* a group never commits a step one of its ranks died in before voting;
+* a replica whose state a CORRUPT_STATE fault changed (`corruption`) is the
+  only one allowed to commit a different state, and only until its
+  integrity check catches it: `detect_within` steps after the corruption at
+  the latest, its commits must be the others' state again (it was voted out
+  and healed). Its commits meanwhile go to the oracle, which replays the
+  corrupted copy too.
 
 `history(final_step, group_rank)` then hands the committed steps of one group
 rank, with their participants' batches, to the oracle.
@@ -24,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tests.chaos_support.events import Contribution, Dying, StepEnded
-from tests.chaos_support.oracle import Batch, CommittedStep, History
+from tests.chaos_support.events import Contribution, Corrupted, Dying, StepEnded
+from tests.chaos_support.oracle import Batch, CommittedStep, Corruption, History
 from tests.chaos_support.workload import Workload
 
 __all__ = ["Ledger"]
@@ -46,8 +52,19 @@ class _Commit:
 
 
 @dataclass
+class _Open:
+    """A corruption not yet healed: of `incarnation`, fired at `step`."""
+
+    incarnation: int
+    step: int
+
+
+@dataclass
 class Ledger:
     workload: Workload
+    # Steps after a corruption by which the corrupt replica must be caught and healed
+    # (the integrity check's interval plus the heal's step); None: never checked.
+    detect_within: int | None = None
     failures: list[str] = field(default_factory=list)
     commits: int = 0
     quorum_ids: list[str] = field(default_factory=list)
@@ -61,6 +78,12 @@ class Ledger:
     _epoch_of_last: dict[int, str] = field(default_factory=dict)
     _group_commits: set[tuple[int, int, int]] = field(default_factory=set)  # (replica, inc, step)
     _deaths: list[Dying] = field(default_factory=list)
+    _corruptions: list[Corrupted] = field(default_factory=list)
+    _open: dict[tuple[int, int], _Open] = field(default_factory=dict)  # (replica, group rank)
+    # (step, group rank) -> replica -> the digest a corrupt replica committed
+    _suspect: dict[tuple[int, int], dict[int, str]] = field(default_factory=dict)
+    # (replica, group rank, step corrupted, step healed at): every corruption healed
+    healed: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     def contribution(self, event: Contribution) -> None:
         key = (event.quorum, event.step, event.group_rank)
@@ -69,16 +92,68 @@ class Ledger:
     def death(self, event: Dying) -> None:
         self._deaths.append(event)
 
+    def corruption(self, event: Corrupted) -> None:
+        self._corruptions.append(event)
+        self._open[(event.replica, event.group_rank)] = _Open(event.incarnation, event.step)
+
+    def open_corruptions(self) -> list[int]:
+        """The replicas that hold a corrupt state not yet caught and healed."""
+        return sorted({replica for replica, _ in self._open})
+
+    def forget_replica(self, replica: int) -> None:
+        """The replica's group died: a corruption it held died with it."""
+        for key in [k for k in self._open if k[0] == replica]:
+            del self._open[key]
+
+    def _suspect_commit(self, event: StepEnded, opened: _Open) -> None:
+        """A commit by a replica whose state was corrupted: kept aside (not compared
+        with the others'), and compared as the others' digest for the step is known."""
+        assert event.digest is not None
+        key = (event.step, event.group_rank)
+        self._suspect.setdefault(key, {})[event.replica] = event.digest
+        self._settle(key)
+
+    def _settle(self, key: tuple[int, int]) -> None:
+        """Close the corruptions healed by step `key[0]` (their commit has the others'
+        state); fail those still different past `detect_within`."""
+        step, group_rank = key
+        clean = self._steps.get(key)
+        if clean is None:
+            return
+        for replica, digest in list(self._suspect.get(key, {}).items()):
+            opened = self._open.get((replica, group_rank))
+            if opened is None:
+                continue
+            if digest == clean.digest:
+                del self._open[(replica, group_rank)]
+                self.healed.append((replica, group_rank, opened.step, step))
+            elif self.detect_within is not None and step >= opened.step + self.detect_within:
+                self.failures.append(
+                    f"replica {replica} rank {group_rank} still commits a corrupt state at step "
+                    f"{step} ({digest} against the others' {clean.digest}), {step - opened.step} "
+                    f"steps after its corruption at step {opened.step}: the integrity check did "
+                    f"not catch it within {self.detect_within} steps"
+                )
+                del self._open[(replica, group_rank)]
+
     def step_ended(self, event: StepEnded) -> None:
         if not event.committed:
             return
         who = f"replica {event.replica} rank {event.group_rank} (inc {event.incarnation})"
         assert event.digest is not None  # a commit always carries its digest
+        opened = self._open.get((event.replica, event.group_rank))
+        if opened is not None and opened.incarnation == event.incarnation:
+            self._suspect_commit(event, opened)
+            if event.group_rank == 0:
+                self._group_commits.add((event.replica, event.incarnation, event.step))
+                self._replica_commit(event)
+            return
         first = self._steps.get((event.step, event.group_rank))
         if first is None:
             self._steps[(event.step, event.group_rank)] = _Commit(
                 event.quorum, event.participants, event.digest, event.grad_norm, who
             )
+            self._settle((event.step, event.group_rank))
         else:
             if first.digest != event.digest:
                 self.failures.append(
@@ -118,14 +193,20 @@ class Ledger:
                 f"replica {replica} step went backwards: {step} after {self._last_step[key]}"
             )
         self._last_step[key] = step
-        first = self._steps[(step, 0)]
-        if first.quorum != qid:
+        first = self._steps.get((step, 0))
+        if first is not None and first.quorum != qid:
             self.failures.append(
                 f"step {step} committed in two quorums: {first.quorum} and {qid} (replica {replica})"
             )
 
     def finish(self) -> None:
-        """The checks that need every event: a group's commit against its ranks' deaths."""
+        """The checks that need every event: a group's commit against its ranks'
+        deaths, and every corruption caught."""
+        for (replica, group_rank), opened in sorted(self._open.items()):
+            self.failures.append(
+                f"replica {replica} rank {group_rank} (inc {opened.incarnation}): its state, "
+                f"corrupted at step {opened.step}, was never caught and healed"
+            )
         for d in self._deaths:
             if (
                 d.phase in _BEFORE_VOTE
@@ -169,6 +250,7 @@ class Ledger:
                             data_step=c.data_step,
                             loss=c.loss,
                             sent_norm=c.sent_norm,
+                            state_digest=c.state_digest,
                         )
                     )
             steps.append(
@@ -179,8 +261,21 @@ class Ledger:
                     quorum=commit.quorum,
                     grad_norm=commit.grad_norm,
                     digest=commit.digest,
+                    # the commits while corrupt (the healing commit has the others' state)
+                    corrupt_digests=tuple(
+                        sorted(
+                            (replica, digest)
+                            for replica, digest in self._suspect.get((s, group_rank), {}).items()
+                            if digest != commit.digest
+                        )
+                    ),
                 )
             )
         if problems:
             return None, problems
-        return History(workload=self.workload, steps=tuple(steps)), []
+        corruptions = tuple(
+            Corruption(replica=c.replica, step=c.step, tensor=c.tensor, index=c.index, bit=c.bit)
+            for c in self._corruptions
+            if c.group_rank == group_rank
+        )
+        return History(workload=self.workload, steps=tuple(steps), corruptions=corruptions), []

@@ -17,6 +17,15 @@ Manager compute it:
   replay computes the bit-identical average;
 * the optimizer then steps once.
 
+A replica whose state a CORRUPT_STATE fault changed (one flipped bit, see
+`torchft_pg.chaos.corruption`) sends gradients taken at its own, corrupt
+state until the integrity check votes it out and it heals. The replay keeps
+a copy of the state with the same bit flipped from the corruption's step on,
+steps it with every committed update, and takes that replica's gradient on
+it: each contribution names the digest of the state it was taken at, which
+must be the committed state's or the corrupt copy's (anything else fails),
+and each commit the corrupt replica made must be the copy's state.
+
 So the replay follows the replicas bit for bit: after every committed step its
 state digest must equal the one the committers reported, which names the
 first step whose committed state is not the committed history's. The final
@@ -29,6 +38,7 @@ function of the recorded history.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,9 +51,11 @@ from tests.chaos_support.workload import (
     Workload,
     flat_state,
     state_checksum,
+    state_tensors,
 )
+from torchft_pg.chaos.corruption import BitFlip, apply_bit_flip
 
-__all__ = ["Batch", "CommittedStep", "History", "Verdict", "check", "replay"]
+__all__ = ["Batch", "CommittedStep", "Corruption", "History", "Verdict", "check", "replay"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +67,19 @@ class Batch:
     data_step: int
     loss: float | None = None
     sent_norm: float | None = None
+    state_digest: str | None = None  # of the state its gradient was taken at
+
+
+@dataclass(frozen=True, kw_only=True)
+class Corruption:
+    """`replica`'s state got bit `bit` of element `index` of `tensor` flipped at its
+    step `step` (after committing step - 1, before its forward of `step`)."""
+
+    replica: int
+    step: int
+    tensor: str
+    index: int
+    bit: int
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,10 +91,12 @@ class _Replayed:
 @dataclass(frozen=True, kw_only=True)
 class _Applied:
     """What the replay applied at a step: the averaged gradient's norm, and the
-    digest of the state after it (only where the step carries one to check)."""
+    digest of the state after it (only where the step carries one to check);
+    `problems`: contributions and corrupt commits the replay could not account for."""
 
     grad_norm: float
     digest: str | None
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +109,8 @@ class CommittedStep:
     quorum: str = ""
     grad_norm: float | None = None  # as the replicas reported it: the norm of what they applied
     digest: str | None = None  # as the replicas reported it: of their state after the step
+    # (replica, digest) of each commit by a replica whose state was corrupt
+    corrupt_digests: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +119,7 @@ class History:
 
     workload: Workload
     steps: tuple[CommittedStep, ...]
+    corruptions: tuple[Corruption, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,35 +168,92 @@ def replay(
     w = history.workload
     model, optim = w.build()
     params = list(model.parameters())
+    # replica -> its corrupt copy of the state, from its corruption until it heals
+    copies: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
+    digest_before = state_checksum(model.state_dict(), optim.state_dict())
     for cs in history.steps:
+        problems: list[str] = []
+        for c in history.corruptions:
+            if c.step == cs.step:
+                copies[c.replica] = _corrupt_copy(w, model, optim, c)
         total = [torch.zeros_like(p, dtype=REDUCE_DTYPE) for p in params]
         replayed = []
         for b in cs.batches:
-            model.zero_grad(set_to_none=True)
-            x, y = w.batch(b.replica, b.data_step)
-            loss = w.loss(model(x), y)
-            loss.backward()
-            grads = [p.grad for p in params]
-            assert all(g is not None for g in grads)
-            norm = float(torch.cat([g.reshape(-1) for g in grads if g is not None]).norm().item())
-            replayed.append(_Replayed(loss=float(loss.item()), grad_norm=norm))
+            at = model
+            if b.state_digest is not None and b.state_digest != digest_before:
+                corrupt = copies.get(b.replica)
+                if corrupt is not None and b.state_digest == _digest(corrupt):
+                    at = corrupt[0]
+                else:
+                    problems.append(
+                        f"step {cs.step} ({cs.quorum}): replica {b.replica} took its gradient at "
+                        f"a state with digest {b.state_digest}, neither the committed state "
+                        f"({digest_before}) nor a known corruption of it"
+                    )
+            elif b.replica in copies:
+                del copies[b.replica]  # healed: it works on the committed state again
+            loss, grads = _gradient(w, at, b)
+            norm = float(torch.cat([g.reshape(-1) for g in grads]).norm().item())
+            replayed.append(_Replayed(loss=loss, grad_norm=norm))
             for t, g in zip(total, grads, strict=True):
-                assert g is not None
                 t.add_(g)
-        for t, p in zip(total, params, strict=True):
-            p.grad = t.div_(max(cs.divisor, 1)).to(p.dtype)
-        grad_norm = float(
-            torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None]).norm().item()
-        )
+        averaged = [
+            t.div_(max(cs.divisor, 1)).to(p.dtype) for t, p in zip(total, params, strict=True)
+        ]
+        for p, g in zip(params, averaged, strict=True):
+            p.grad = g.clone()
+        grad_norm = float(torch.cat([g.reshape(-1) for g in averaged]).norm().item())
         optim.step()
+        for copy_model, copy_optim in copies.values():
+            for p, g in zip(copy_model.parameters(), averaged, strict=True):
+                p.grad = g.clone()
+            copy_optim.step()
+        for replica, reported in cs.corrupt_digests:
+            corrupt = copies.get(replica)
+            if corrupt is None or _digest(corrupt) != reported:
+                problems.append(
+                    f"step {cs.step} ({cs.quorum}): replica {replica} committed a state with "
+                    f"digest {reported} while corrupt, which the replay of its corruption "
+                    f"does not give ({_digest(corrupt) if corrupt is not None else 'no copy'})"
+                )
+        digest_before = state_checksum(model.state_dict(), optim.state_dict())
         if on_step is not None:
-            digest = (
-                state_checksum(model.state_dict(), optim.state_dict())
-                if cs.digest is not None
-                else None
+            digest = digest_before if cs.digest is not None else None
+            on_step(
+                cs,
+                replayed,
+                _Applied(grad_norm=grad_norm, digest=digest, problems=tuple(problems)),
             )
-            on_step(cs, replayed, _Applied(grad_norm=grad_norm, digest=digest))
     return flat_state(model, optim)
+
+
+def _digest(state: tuple[torch.nn.Module, torch.optim.Optimizer]) -> str:
+    return state_checksum(state[0].state_dict(), state[1].state_dict())
+
+
+def _corrupt_copy(
+    w: Workload, model: torch.nn.Module, optim: torch.optim.Optimizer, c: Corruption
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A copy of (model, optim) with `c`'s bit flipped."""
+    copy_model, copy_optim = w.build()
+    copy_model.load_state_dict(model.state_dict())
+    # A deep copy: loading keeps the given step-count tensors, which the copy's
+    # steps would then advance for the committed optimizer too.
+    copy_optim.load_state_dict(copy.deepcopy(optim.state_dict()))
+    flip = BitFlip(tensor=c.tensor, index=c.index, bit=c.bit)
+    apply_bit_flip(flip, state_tensors(copy_model, copy_optim))
+    return copy_model, copy_optim
+
+
+def _gradient(w: Workload, model: torch.nn.Module, b: Batch) -> tuple[float, list[torch.Tensor]]:
+    """`b`'s loss and gradient at `model`'s state."""
+    model.zero_grad(set_to_none=True)
+    x, y = w.batch(b.replica, b.data_step)
+    loss = w.loss(model(x), y)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    assert all(g is not None for g in grads)
+    return float(loss.item()), [g for g in grads if g is not None]
 
 
 def check(
@@ -196,8 +283,12 @@ def check(
     first_sent: list[str] = []
     first_state: list[str] = []
 
+    unaccounted: list[str] = []
+
     def on_step(cs: CommittedStep, replayed: list[_Replayed], applied: _Applied) -> None:
         grad_norm = applied.grad_norm
+        if applied.problems and not unaccounted:
+            unaccounted.append(applied.problems[0])
         if cs.digest is not None and applied.digest != cs.digest and not first_state:
             first_state.append(
                 f"step {cs.step} ({cs.quorum}): the replicas committed a state with digest "
@@ -235,6 +326,7 @@ def check(
                     )
 
     expected = replay(history, on_step)
+    failures.extend(unaccounted)
     failures.extend(first_state)
     failures.extend(first_divergence)
     failures.extend(first_sent)

@@ -4,7 +4,9 @@ The supervisor releases a plan's fault groups (the faults planned at one step)
 one at a time, in step order. A group is released once every fault of the
 previous one fired and the job recovered: every replica committed, with every
 replica taking part, a step past the last disruption (a fault fired, a rank
-died or froze or resumed, a group restarted). Recovery is judged by steps,
+died or froze or resumed, a group restarted), and no replica is held: a
+replica whose state was corrupted, until it was caught and healed, or a
+straggler, until it keeps pace again. Recovery is judged by steps,
 not by the order events arrive in, because events of different ranks come
 over different pipes. After the last group the ranks are told where to stop.
 """
@@ -35,6 +37,17 @@ class FaultSchedule:
         self.max_step = -1  # the highest committed step seen
         self.disrupted_at = -1  # the highest step a disruption happened at
         self.last_full: dict[int, int] = {}  # replica -> last step committed with everyone
+        self.held: set[int] = set()  # replicas whose health fault has not run its course
+
+    def hold(self, replica: int) -> None:
+        """`replica` is corrupt or straggling: no group is released until `unhold`."""
+        self.held.add(replica)
+
+    def unhold(self, replica: int, step: int) -> None:
+        """`replica`'s health fault ran its course at `step` (healed, or keeps pace)."""
+        if replica in self.held:
+            self.held.discard(replica)
+            self.disrupt(step)
 
     def fire(self, replica: int, planned_step: int, step: int) -> bool:
         """A fault fired at `step`; False if it had already (every rank announces it)."""
@@ -53,6 +66,8 @@ class FaultSchedule:
             self.last_full[replica] = max(self.last_full.get(replica, -1), step)
 
     def recovered(self) -> bool:
+        if self.held:
+            return False
         return all(self.last_full.get(r, -1) > self.disrupted_at for r in range(self.replicas))
 
     def unfired(self) -> list[tuple[int, int]]:

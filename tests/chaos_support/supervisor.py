@@ -106,7 +106,11 @@ class _Run:
         self.progress = ProgressWatch(
             stall_s=config.stall_s, deadline_s=config.deadline_s, started=time.monotonic()
         )
-        self.ledger = Ledger(Workload(seed=config.seed, hidden=config.hidden))
+        self.ledger = Ledger(
+            Workload(seed=config.seed, hidden=config.hidden),
+            detect_within=config.integrity_check_every,
+        )
+        self.straggle_began: dict[int, int] = {}  # straggling replica -> step it began
         # DiLoCo: every rank's trace, for the outer-step checks and the DiLoCo replay
         self.outer = (
             OuterLedger(Workload(seed=config.seed, hidden=config.hidden), config.diloco)
@@ -134,6 +138,11 @@ class _Run:
         )
 
     def _start_lighthouse(self, bind: str) -> LighthouseServer:
+        options: dict[str, Any] = {}
+        if self.c.straggler_window is not None:
+            options["straggler_window"] = self.c.straggler_window
+        if self.c.quarantine_base_ms is not None:
+            options["quarantine_base_ms"] = self.c.quarantine_base_ms
         return LighthouseServer(
             bind=bind,
             min_replicas=self.c.min_replicas,
@@ -141,7 +150,23 @@ class _Run:
             heartbeat_timeout_ms=self.c.heartbeat_timeout_ms,
             state_file=os.path.join(self.state_dir, "lighthouse.state.json"),
             job_secret=self.c.job_secret,
+            **options,
         )
+
+    def harvest_lighthouse(self) -> None:
+        """Keep what the lighthouse recorded (findings, quarantines) before it stops."""
+        try:
+            status = self.lighthouse.status()
+        except Exception as e:  # a hung lighthouse: the run's other checks speak
+            self.say(f"could not read the lighthouse's status: {e}")
+            return
+        for key, into in (
+            ("recent_integrity_findings", self.report.integrity_findings),
+            ("recent_quarantines", self.report.quarantines),
+        ):
+            for entry in status.get(key, []):
+                if entry not in into:
+                    into.append(entry)
 
     def t(self) -> float:
         return time.time() - self.start
@@ -187,6 +212,9 @@ class _Run:
                 algorithm=self.c.algorithm,
                 diloco=self.c.diloco,
                 job_secret=self.c.job_secret,
+                integrity_check_every=self.c.integrity_check_every,
+                straggle_s=self.c.straggle_s,
+                straggle_steps=self.c.straggle_steps,
             )
             proc = _CTX.Process(
                 target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
@@ -208,6 +236,10 @@ class _Run:
                 r.done = True
         self.ranks = [r for r in self.ranks if r.replica != replica]
         self.group_down_by.pop(replica, None)
+        # a corruption or a straggle dies with the group
+        self.ledger.forget_replica(replica)
+        self.straggle_began.pop(replica, None)
+        self.schedule.unhold(replica, self.schedule.max_step)
 
     def restart_group(self, replica: int) -> None:
         self.kill_group(replica)  # the replica group is the failure domain
@@ -218,6 +250,7 @@ class _Run:
         self.start_group(replica)
 
     def restart_lighthouse(self) -> None:
+        self.harvest_lighthouse()
         self.lighthouse.shutdown()
         self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
         self.report.lighthouse_restarts += 1
@@ -257,6 +290,25 @@ class _Run:
             )
             if event.fault == Fault.RESTART_LIGHTHOUSE.value:
                 self.restart_lighthouse()
+            elif event.fault in (Fault.CORRUPT_STATE.value, Fault.STRAGGLE.value):
+                self.schedule.hold(event.replica)  # until caught and healed, or keeping pace
+                if event.fault == Fault.STRAGGLE.value:
+                    self.straggle_began[event.replica] = event.step
+        elif isinstance(event, ev.Corrupted):
+            self.ledger.corruption(event)
+            self.say(
+                f"replica {event.replica} rank {event.group_rank}: bit {event.bit} of element "
+                f"{event.index} of {event.tensor} flipped at step {event.step}"
+            )
+        elif isinstance(event, ev.StraggleEnded):
+            began = self.straggle_began.pop(event.replica, None)
+            if began is not None:
+                self.report.straggles.append((event.replica, began, event.step, event.healed))
+                self.schedule.unhold(event.replica, event.step)
+                self.say(
+                    f"replica {event.replica} keeps pace again at step {event.step} "
+                    f"({'it was left out and healed back in' if event.healed else 'its slow steps ran out'})"
+                )
         elif isinstance(event, ev.Dying):
             rank.dying = event
             self.ledger.death(event)
@@ -309,6 +361,15 @@ class _Run:
 
     def on_step(self, event: ev.StepEnded) -> None:
         self.ledger.step_ended(event)
+        while len(self.report.corruptions) < len(self.ledger.healed):
+            replica, group_rank, at, healed = self.ledger.healed[len(self.report.corruptions)]
+            self.report.corruptions.append((replica, group_rank, at, healed))
+            self.say(
+                f"replica {replica} rank {group_rank}: its corruption at step {at} was caught; "
+                f"it commits the others' state again from step {healed}"
+            )
+            if replica not in self.ledger.open_corruptions():
+                self.schedule.unhold(replica, healed)
         if event.group_rank != 0:
             return
         down = self.group_down_by.get(event.replica)
@@ -431,6 +492,7 @@ class _Run:
                 os.kill(r.proc.pid, signal.SIGKILL)
             r.proc.join(timeout=10)
             r.conn.close()
+        self.harvest_lighthouse()
         self.lighthouse.shutdown()
         shutil.rmtree(self.state_dir, ignore_errors=True)
         self.stores.clear()
@@ -465,6 +527,7 @@ class _Run:
                     f"{self.c.plan.faults[k].value} replica {k[0]} step {k[1]}" for k in unfired
                 )
             )
+        self.check_findings()
         if rep.failures or not self.c.oracle:
             return
         if self.outer is not None:
@@ -490,6 +553,24 @@ class _Run:
             rep.oracle_max_error = max(rep.oracle_max_error, verdict.max_error)
             rep.oracle_max_loss_error = max(rep.oracle_max_loss_error, verdict.max_loss_error)
             rep.failures.extend(f"oracle: {f}" for f in verdict.failures)
+
+    def check_findings(self) -> None:
+        """Every corruption caught was reported to the lighthouse by its replica, at a
+        step between the corruption and the heal."""
+        rep = self.report
+        for replica, group_rank, at, healed in rep.corruptions:
+            found = [
+                f
+                for f in rep.integrity_findings
+                if str(f.get("replica_id", "")).split(":")[0] == f"replica{replica}"
+                and at <= int(f.get("step", -1)) <= healed
+            ]
+            if not found:
+                rep.failures.append(
+                    f"replica {replica} rank {group_rank}: its corruption at step {at} (healed at "
+                    f"step {healed}) is not among the lighthouse's integrity findings "
+                    f"({rep.integrity_findings})"
+                )
 
     def outer_finals(self) -> dict[tuple[int, int], FlatState]:
         """Each replica's final state, keyed (replica, incarnation) (DiLoCo only)."""

@@ -25,7 +25,13 @@ from tests.chaos_support.diloco_trainer import train_diloco
 from tests.chaos_support.diloco_workload import Algorithm
 from tests.chaos_support.events import Contribution, Done, Error, Joined, Started, StepEnded
 from tests.chaos_support.harness import GO_KEY, Commands, Events, RankHarness, TrainerConfig
-from tests.chaos_support.workload import REDUCE_DTYPE, Workload, flat_state, state_checksum
+from tests.chaos_support.workload import (
+    REDUCE_DTYPE,
+    Workload,
+    flat_state,
+    state_checksum,
+    state_tensors,
+)
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.optim import OptimizerWrapper
 
@@ -38,6 +44,7 @@ class _Batch:
 
     data_step: int = 0
     loss: float = 0.0
+    state_digest: str = ""  # of the state the gradient is taken at
 
 
 def run_trainer(config: TrainerConfig, events: Events, commands: Commands | None = None) -> None:
@@ -90,6 +97,7 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
                 data_step=batch.data_step,
                 loss=batch.loss,
                 sent_norm=float(torch.cat([t.reshape(-1) for t in tensors]).norm().item()),
+                state_digest=batch.state_digest,
             )
         )
 
@@ -101,6 +109,7 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
     manager.register_state_dict_fn("optim", optim.load_state_dict, optim.state_dict)
     ddp = DistributedDataParallel(manager, model, reduce_dtype=REDUCE_DTYPE)
     opt = OptimizerWrapper(manager, optim)
+    harness.faults.watch_state(lambda: state_tensors(model, optim))
     harness.start()
     joining = config.incarnation > 0  # a restart: report where its first commit's time went
     join_quorum_s = join_configure_s = join_heal_s = 0.0
@@ -115,6 +124,7 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
             if config.step_time_s:
                 time.sleep(config.step_time_s)  # simulated compute, not synchronization
             opt.zero_grad()
+            batch.state_digest = state_checksum(model.state_dict(), optim.state_dict())
             x, y = workload.batch(config.replica, step)
             loss = workload.loss(ddp(x), y)
             batch.data_step, batch.loss = step, float(loss.item())

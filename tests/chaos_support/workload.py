@@ -13,7 +13,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["REDUCE_DTYPE", "FlatState", "Workload", "flat_state", "state_checksum"]
+__all__ = [
+    "REDUCE_DTYPE",
+    "FlatState",
+    "Workload",
+    "flat_state",
+    "state_checksum",
+    "state_tensors",
+]
 
 #: The dtype the replicas' DDP reduces gradients in. The sum of a few float32
 #: gradients in float64 is exact in any order, so the average is bit-identical
@@ -62,6 +69,19 @@ class Workload:
     @staticmethod
     def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.mse_loss(output, target)
+
+
+def state_tensors(
+    model: torch.nn.Module, optim: torch.optim.Optimizer
+) -> list[tuple[str, torch.Tensor]]:
+    """The tensors a CORRUPT_STATE fault may flip a bit of, named as in `flat_state`:
+    the parameters, and the optimizer's per-parameter state but its step counts."""
+    out = [(f"model.{name}", p.data) for name, p in model.named_parameters()]
+    for index, p in enumerate(model.parameters()):
+        for key, value in optim.state.get(p, {}).items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                out.append((f"optim.{index}.{key}", value))
+    return out
 
 
 def flat_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> FlatState:

@@ -12,12 +12,13 @@ backward::
     manager = FaultInjectingManager(pg, injector=faults.injector, ...)  # Manager's arguments
     while training:
         faults.fire_due(manager.current_step())
-        loss = model(batch)
+        loss = model(batch)  # (name the state a CORRUPT_STATE flips: faults.watch_state)
         faults.after_forward()
         loss.backward()
         optimizer.step()
 """
 
+from torchft_pg.chaos.corruption import BitFlip
 from torchft_pg.chaos.injection import (
     Action,
     FaultInjectingManager,
@@ -26,13 +27,15 @@ from torchft_pg.chaos.injection import (
     Injector,
     Phase,
 )
-from torchft_pg.chaos.plan import CLASSIC_FAULTS, PHASE_FAULTS, Fault, FaultPlan
+from torchft_pg.chaos.plan import CLASSIC_FAULTS, HEALTH_FAULTS, PHASE_FAULTS, Fault, FaultPlan
 from torchft_pg.chaos.replica_faults import ReplicaFaults
 
 __all__ = [
     "CLASSIC_FAULTS",
+    "HEALTH_FAULTS",
     "PHASE_FAULTS",
     "Action",
+    "BitFlip",
     "Fault",
     "FaultInjectingManager",
     "FaultInjectingProcessGroup",

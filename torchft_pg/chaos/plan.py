@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["CLASSIC_FAULTS", "PHASE_FAULTS", "Fault", "FaultPlan"]
+__all__ = ["CLASSIC_FAULTS", "HEALTH_FAULTS", "PHASE_FAULTS", "Fault", "FaultPlan"]
 
 
 class Fault(str, Enum):
@@ -49,6 +49,14 @@ class Fault(str, Enum):
     # SIGSTOP in the allreduce, before issuing it; SIGCONT comes past the lighthouse
     # heartbeat timeout (`ReplicaFaults.freeze_s`). The zombie must commit nothing stale.
     FREEZE = "freeze"
+    # Faults that stop nothing. One low mantissa bit of one tensor of the replica's
+    # state flips between two steps (`corruption.py`); the replica keeps voting yes,
+    # and only the Manager's integrity check can tell.
+    CORRUPT_STATE = "corrupt_state"
+    # The replica works `ReplicaFaults.straggle_s` longer per step for
+    # `straggle_steps` of its steps, or until it was taken out of the quorum and
+    # heals back in (then it keeps pace again).
+    STRAGGLE = "straggle"
 
 
 #: The kinds `FaultPlan.random` draws its other faults from by default.
@@ -70,6 +78,10 @@ PHASE_FAULTS: tuple[Fault, ...] = (
     Fault.KILL_HEAL_SOURCE,
     Fault.FREEZE,
 )
+#: The faults that stop nothing (a corrupt state, a slow replica), which the job's
+#: health checks must catch. `FaultPlan.random` never overlaps them with another
+#: fault, and CORRUPT_STATE needs 3 replicas (a majority to tell the corrupt one).
+HEALTH_FAULTS: tuple[Fault, ...] = (Fault.CORRUPT_STATE, Fault.STRAGGLE)
 # Faults that leave the replica's state intact at the step they hit: every
 # other kind kills the replica, freezes it or fails its step (it falls behind).
 _HARMLESS = frozenset({Fault.RESTART_LIGHTHOUSE})
@@ -141,7 +153,8 @@ class FaultPlan:
         (or a supervisor releasing each group only once the job has recovered
         from the previous one), other replicas hold the committed state. Up to `overlaps` of the fault groups get a second fault
         on another replica at the same step, while one replica stays untouched
-        (a group that would leave none gets no second fault). A KILL_HEAL_SOURCE comes with FAIL_ALLREDUCE
+        (a group that would leave none gets no second fault), except a group
+        whose fault is one of `HEALTH_FAULTS`. A KILL_HEAL_SOURCE comes with FAIL_ALLREDUCE
         on another replica at the same step, whose heal it will serve: the
         heal source of a single healer is the lowest-numbered up-to-date replica
         (when both candidate sources were hit within `same_replica_gap`, another
@@ -158,14 +171,21 @@ class FaultPlan:
             )
         if overlaps > total:
             raise ValueError(f"overlaps ({overlaps}) cannot exceed the number of faults ({total})")
-        if (overlaps or Fault.KILL_HEAL_SOURCE in kinds) and replicas < 3:
+        if (overlaps or Fault.KILL_HEAL_SOURCE in kinds or Fault.CORRUPT_STATE in kinds) and (
+            replicas < 3
+        ):
             raise ValueError(
-                f"overlapping faults and KILL_HEAL_SOURCE need at least 3 replicas, got {replicas}"
+                "overlapping faults, KILL_HEAL_SOURCE and CORRUPT_STATE need at least 3 "
+                f"replicas, got {replicas}"
             )
         kind_list = [Fault.KILL_REPLICA] * kills + [rng.choice(kinds) for _ in range(other_faults)]
         rng.shuffle(kind_list)
         overlapping = set(rng.sample(range(total), overlaps))
-        second_kinds = [k for k in (*kinds, Fault.KILL_REPLICA) if k != Fault.KILL_HEAL_SOURCE]
+        second_kinds = [
+            k
+            for k in (*kinds, Fault.KILL_REPLICA)
+            if k != Fault.KILL_HEAL_SOURCE and k not in HEALTH_FAULTS
+        ]
         faults: dict[tuple[int, int], Fault] = {}
         last: dict[int, int] = {}
 
@@ -205,7 +225,9 @@ class FaultPlan:
                 replica = rng.choice(candidates)
                 place(replica, step, kind)
                 taken = {replica}
-            if i in overlapping:
+            if i in overlapping and kind not in HEALTH_FAULTS:
+                # A health fault stays alone: a corrupt replica must be told from a
+                # majority of sound ones, a straggler from groups keeping pace.
                 # Keep one replica untouched by this group: it holds the committed state.
                 extra = rng.choice(second_kinds)
                 hit = sum(1 for r in taken if faults[(r, step)] not in _HARMLESS)

@@ -13,6 +13,12 @@ and each step
 * calls `after_forward()` between forward and backward: a KILL_REPLICA dies
   there, a KILL_BABY_CHILD kills the Baby group's backend child there.
 
+A CORRUPT_STATE flips one bit of the state named by `watch_state` in
+`fire_due` (`corruption.py`; the flip is kept in `last_flip`); a STRAGGLE
+makes every following `fire_due` take `straggle_s` longer, as a replica with
+a slow device would, until `straggle_steps` steps passed or the replica was
+taken out of the quorum (its step jumps: it healed back in).
+
 A fault fires once per rank. A replica restarted after a planned death would
 fire it again from a fresh record, so with `record` the faults fired are kept
 in a file that the restarted process reads back.
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from torchft_pg.chaos.corruption import BitFlip, apply_bit_flip, choose_bit_flip
 from torchft_pg.chaos.injection import Action, FaultInjectingProcessGroup, Injector, Phase
 from torchft_pg.chaos.plan import Fault, FaultPlan
 from torchft_pg.process_group import ProcessGroup, ProcessGroupBaby
@@ -73,7 +80,8 @@ class ReplicaFaults:
     them across restarts (read here, appended to as each fires; give each
     rank its own). `announce(action, phase)`: told before the rank dies or
     stops (default: a warning in the log); `on_fired(planned step, fault,
-    step)`: told as a fault fires, before it acts.
+    step)`: told as a fault fires, before it acts. `straggle_s`: seconds a
+    STRAGGLE adds to each step, for at most `straggle_steps` steps.
     """
 
     def __init__(
@@ -89,9 +97,19 @@ class ReplicaFaults:
         record: str | os.PathLike[str] | None = None,
         announce: Callable[[Action, Phase], None] | None = None,
         on_fired: Callable[[int, Fault, int], None] | None = None,
+        straggle_s: float = 0.25,
+        straggle_steps: int = 200,
     ) -> None:
         if not 0 <= group_rank < group_world_size:
             raise ValueError(f"group_rank {group_rank} is not in [0, {group_world_size})")
+        if not straggle_s >= 0:
+            raise ValueError(f"straggle_s must be >= 0 seconds, got {straggle_s!r}")
+        if (
+            isinstance(straggle_steps, bool)
+            or not isinstance(straggle_steps, int)
+            or (straggle_steps < 1)
+        ):
+            raise ValueError(f"straggle_steps must be an int >= 1, got {straggle_steps!r}")
         if freeze_s is not None and not freeze_s > 0:
             raise ValueError(f"freeze_s must be > 0 seconds or None, got {freeze_s!r}")
         self.plan = plan
@@ -109,6 +127,24 @@ class ReplicaFaults:
         self._inner: ProcessGroup | None = None  # the group wrapped, for KILL_BABY_CHILD
         self._baby_child_due = False
         self._resumer: subprocess.Popen[bytes] | None = None  # the last freeze's helper
+        self.straggle_s = straggle_s
+        self.straggle_steps = straggle_steps
+        self._state: Callable[[], Iterable[tuple[str, torch.Tensor]]] | None = None
+        self.last_flip: BitFlip | None = None  # the latest CORRUPT_STATE's flip
+        self._straggle_left = 0  # steps this replica still straggles
+        self.straggle_healed = False  # the last straggle ended by a heal (it was left out)
+        self._last_step: int | None = None  # the step of the previous fire_due
+
+    def watch_state(self, named_tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
+        """Name the state a CORRUPT_STATE may flip a bit of: `named_tensors()` gives
+        (name, tensor) pairs, e.g. the model's `named_parameters` and the
+        optimizer's state tensors. The tensors are changed in place."""
+        self._state = named_tensors
+
+    @property
+    def straggling(self) -> bool:
+        """A STRAGGLE fired and this replica still works slowly."""
+        return self._straggle_left > 0
 
     def wrap_process_group(
         self,
@@ -134,15 +170,38 @@ class ReplicaFaults:
         """
         pg = self._wrapped_pg()
         self._baby_child_due = False  # a KILL_BABY_CHILD strikes in the step it fired in
+        self._straggle(step)
         due = self.plan.due(self.replica, step, self.fired, released)
         if due is None:
             return None
         planned, fault = due
+        if fault == Fault.CORRUPT_STATE and self._state is None:
+            raise RuntimeError(
+                "a CORRUPT_STATE fault is planned for this replica: name its state with "
+                "watch_state() before firing faults"
+            )
         self._remember((self.replica, planned))
         if self._on_fired is not None:
             self._on_fired(planned, fault, step)
         if fault == Fault.FAIL_ALLREDUCE:
             pg.fail_next = True
+        elif fault == Fault.CORRUPT_STATE:
+            assert self._state is not None
+            key = f"{self.plan.seed}:{self.replica}:{planned}"
+            self.last_flip = choose_bit_flip(key, self._state())
+            apply_bit_flip(self.last_flip, self._state())
+            logger.warning(
+                "chaos: flipped bit %d of element %d of %s (replica %d, step %d)",
+                self.last_flip.bit,
+                self.last_flip.index,
+                self.last_flip.tensor,
+                self.replica,
+                step,
+            )
+        elif fault == Fault.STRAGGLE:
+            self._straggle_left = self.straggle_steps
+            self.straggle_healed = False
+            self._straggle(step)  # this step is slow already
         elif fault == Fault.KILL_BABY_CHILD:
             self._baby_child_due = True
         elif fault in _ARMED and not (
@@ -155,6 +214,22 @@ class ReplicaFaults:
         if fault == Fault.DELAY:
             time.sleep(self.delay_s)  # the fault itself: a stalled replica
         return fault
+
+    def _straggle(self, step: int) -> None:
+        """While straggling, this step takes `straggle_s` longer; a step that jumped
+        ahead (a heal: the replica was left out of a quorum) ends the straggle."""
+        previous, self._last_step = self._last_step, step
+        if not self._straggle_left:
+            return
+        if previous is not None and step > previous + 1:
+            logger.warning(
+                "chaos: replica %d healed to step %d; it keeps pace again", self.replica, step
+            )
+            self._straggle_left = 0
+            self.straggle_healed = True
+            return
+        self._straggle_left -= 1
+        time.sleep(self.straggle_s)  # the fault itself: a replica that works slowly
 
     def after_forward(self) -> None:
         """Between forward and backward: a KILL_REPLICA fired this step dies here, and a
