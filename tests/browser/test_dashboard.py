@@ -59,6 +59,8 @@ PAGE_SUMMARY_JS = """(() => {
     cards: q(".card").map(c => ({k: c.querySelector(".k").textContent, v: c.querySelector(".v").textContent})),
     tileRows: q(".replica").map(t => [...t.querySelectorAll(".row span")].map(x => x.textContent)),
     memberCells: q("#members tbody tr").map(tr => [...tr.cells].map(td => td.textContent)),
+    // tiles whose content is wider than the tile (it runs over the tile's border)
+    overflowing: q(".replica").filter(t => t.scrollWidth > t.clientWidth).map(t => t.dataset.replicaId),
     pageWidth: document.documentElement.scrollWidth,
     viewWidth: document.documentElement.clientWidth,
     error: err.hidden ? null : err.textContent,
@@ -150,6 +152,9 @@ def assert_readable(page: dict[str, Any]) -> None:
     assert_numbers_carry_units(page)
     assert page["pageWidth"] <= page["viewWidth"], (
         f"the page is {page['pageWidth']} px wide in a {page['viewWidth']} px window"
+    )
+    assert not page["overflowing"], (
+        f"tiles whose text runs over their border: {page['overflowing']}"
     )
 
 
