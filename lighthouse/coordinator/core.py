@@ -580,7 +580,7 @@ class LighthouseCore:
                 self.state.committed_step,
                 top,
             )
-        latency_s = now - self.state.earliest_joined()
+        latency_s = now - self.state.earliest_joined(now)
         old_id = self.state.quorum_id
         previous = self.state.prev
         created_ms = _unix_ms()

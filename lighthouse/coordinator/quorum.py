@@ -11,8 +11,9 @@ Rules (1-4 are torchft's, so a mixed job decides alike; 5 is ours):
    as the last quorum before it had (``recalled_members``): a restarted
    lighthouse has not heard from the live replicas yet, and a replica asking
    alone must not commit a step the others then commit again without it,
-4. and wait up to ``join_timeout_s`` (from the earliest pending ask) for live
-   replicas that have not asked yet; then issue.
+4. and wait up to ``join_timeout_s`` (from the earliest pending ask; an ask
+   held in quarantine counts from the quarantine's end) for live replicas
+   that have not asked yet; then issue.
 5. On every path: never issue a quorum whose highest step is
    below the last step a live replica outside it reported. Such a quorum
    would commit steps again from an older state, and those commits would be
@@ -463,9 +464,23 @@ class QuorumState:
         return sum(1 for rid in self.pending if not self.is_quarantined(rid, now))
 
     # -- deciding ----------------------------------------------------------------------
-    def earliest_joined(self) -> float:
-        """When the oldest pending request arrived (seconds); requires one."""
-        return next(iter(self.pending.values())).joined
+    def earliest_joined(self, now: float) -> float:
+        """When the oldest pending request that is not quarantined at ``now`` arrived
+        (seconds; ``now`` if none). A request held in a quarantine counts from the
+        quarantine's end, when it starts to ask: its wait in quarantine must not
+        have used up the join timeout of the quorum that takes it back, or the
+        first of the others to ask again would form one with it alone. O(1)
+        without quarantines, else O(pending)."""
+        if not self.quarantined:
+            return next(iter(self.pending.values())).joined if self.pending else now
+        times = []
+        for rid, p in self.pending.items():
+            q = self.quarantined.get(rid)
+            if q is None:
+                times.append(p.joined)
+            elif q.until <= now:
+                times.append(max(p.joined, q.until))
+        return min(times, default=now)
 
     def candidates(self, shrink_only: bool, now: float) -> tuple[QuorumMember, ...]:
         """Pending members that are not quarantined, sorted by replica id; under
@@ -575,7 +590,7 @@ def decide_quorum(now: float, state: QuorumState, config: QuorumConfig) -> Decis
         )
     stragglers = live - n
     if stragglers > 0:
-        waited = now - state.earliest_joined()
+        waited = now - state.earliest_joined(now)
         if waited < config.join_timeout_s:
             return Decision(
                 None,

@@ -2,19 +2,24 @@
 
 ``python -m tests.browser.replica --lighthouse ADDR --replica-id ID --step-ms MS``
 runs a ``ManagerServer`` and loops over quorum rounds like
-``python -m lighthouse.testing replica``, with two differences the dashboard
-needs: each request reports the previous step's duration (``step_time_ms``),
-and a result that says ``heal`` jumps to the quorum's step, as a Manager does
-once it has loaded a peer's state, and reports that heal with its next request
-as a Manager does (``--heal-bytes`` bytes in ``--heal-s`` seconds: simulated,
-no state moves; ``tests/integration/test_lh_heal_report.py`` moves a real one).
-One JSON line per round on stdout.
+``python -m lighthouse.testing replica``, with three differences the dashboard
+needs: each request reports the previous step's duration (``step_time_ms``)
+and its own work in it (``busy_ms``: the simulated step, without the wait for
+the quorum, which is where a fast group waits for a slow one), and a result
+that says ``heal`` jumps to the quorum's step, as a Manager does once it has
+loaded a peer's state, and reports that heal with its next request as a
+Manager does (``--heal-bytes`` bytes in ``--heal-s`` seconds: simulated, no
+state moves; ``tests/integration/test_lh_heal_report.py`` moves a real one).
+With ``--then-step-ms MS`` a SIGUSR1 changes the simulated step to MS from the
+next round on (a straggler that keeps pace again), announced by a
+``step_ms`` line. One JSON line per round on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -31,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lighthouse", required=True, type=normalize_address)
     p.add_argument("--replica-id", required=True)
     p.add_argument("--step-ms", type=float, default=50.0, help="simulated step, milliseconds")
+    p.add_argument(
+        "--then-step-ms", type=float, default=None, help="the simulated step after a SIGUSR1"
+    )
     p.add_argument("--rounds", type=int, default=100_000)
     p.add_argument("--timeout-s", type=float, default=10.0, help="quorum timeout, seconds")
     p.add_argument("--heal-bytes", type=int, default=1_234_567_890, help="a simulated heal's bytes")
@@ -45,9 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         connect_timeout=timedelta(seconds=10),
     )
     client = ManagerClient(server.address())
+    step_ms = args.step_ms
+    switch = {"asked": False}  # set by SIGUSR1 (only when --then-step-ms is given)
+    if args.then_step_ms is not None:
+        signal.signal(signal.SIGUSR1, lambda *_: switch.update(asked=True))
     print(json.dumps({"event": "ready", "address": server.address()}), flush=True)
     step = 0
-    step_time_ms = 0.0
+    step_time_ms = busy_ms = 0.0
     heal: HealReport | None = None  # reported with the next request, once
     try:
         for _ in range(args.rounds):
@@ -61,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                         timeout=timedelta(seconds=args.timeout_s),
                         init_sync=False,
                         step_time_ms=step_time_ms,
+                        busy_ms=busy_ms,
                         heal=heal,
                     )
                 )
@@ -84,9 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 flush=True,
             )
-            time.sleep(args.step_ms / 1000)  # the simulated training step itself
+            if switch["asked"] and step_ms != args.then_step_ms:
+                step_ms = args.then_step_ms
+                print(
+                    json.dumps({"event": "step_ms", "step_ms": step_ms, "step": step}), flush=True
+                )
+            working = time.monotonic()
+            time.sleep(step_ms / 1000)  # the simulated training step itself
             step += 1
-            step_time_ms = (time.monotonic() - started) * 1000
+            done = time.monotonic()
+            step_time_ms = (done - started) * 1000
+            busy_ms = min((done - working) * 1000, step_time_ms)
     finally:
         server.shutdown()
     return 0

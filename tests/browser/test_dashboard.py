@@ -4,7 +4,12 @@
    pid, the survivors go on, and a new incarnation of it rejoins behind and
    heals. The rendered page must chart every replica, format its numbers and
    show the death, the heal and the catch-up in its timeline.
-2. A synthetic 64-replica job (``synthetic.py``): the page stays within the
+2. A straggler: three real replica processes, one working five times as long
+   per step. The rendered page must show it quarantined with the reason (its
+   work per step against the others', in ms) and its work against the job's,
+   and the quarantine in the timeline; once it works as fast as the others it
+   is let back in after its quarantine, and a second render shows it ok.
+3. A synthetic 64-replica job (``synthetic.py``): the page stays within the
    window's width at 1280 and 820 CSS pixels, shows every replica, switches
    the charts to a median in a min-max band, and marks a lighthouse restart
    (a new epoch) when ``/status`` changes under it.
@@ -47,7 +52,9 @@ PAGE_SUMMARY_JS = """(() => {
     series: q("svg.chart path.series").map(p => ({id: p.dataset.replicaId, points: Number(p.dataset.points)})),
     bands: q("svg.chart path.band").length,
     sparklines: q(".replica svg.spark path").length,
-    tiles: q(".replica").map(t => ({id: t.dataset.replicaId, status: t.dataset.status})),
+    tiles: q(".replica").map(t => ({id: t.dataset.replicaId, status: t.dataset.status, title: t.title,
+      reason: t.querySelector(".reason") && t.querySelector(".reason").textContent,
+      work: [...t.querySelectorAll(".row[data-busy] span")].map(x => x.textContent)})),
     timeline: q("#timeline li").map(li => ({kind: li.dataset.kind, ids: li.dataset.replicaIds.split(" "), text: li.textContent,
       heal: li.querySelector(".heal-figures") && [...li.querySelectorAll(".heal-figures span")].map(x => x.textContent)})),
     text: document.body.innerText,
@@ -57,8 +64,10 @@ PAGE_SUMMARY_JS = """(() => {
     yLabels: q("svg.chart text.y-label").map(t => ({chart: t.closest(".chart-box").id, text: t.textContent})),
     xLabels: q("svg.chart text.x-label").map(t => t.textContent),
     cards: q(".card").map(c => ({k: c.querySelector(".k").textContent, v: c.querySelector(".v").textContent})),
-    tileRows: q(".replica").map(t => [...t.querySelectorAll(".row span")].map(x => x.textContent)),
+    tileRows: q(".replica").map(t => [...t.querySelectorAll(".row:not([data-busy]) span")].map(x => x.textContent)),
     memberCells: q("#members tbody tr").map(tr => [...tr.cells].map(td => td.textContent)),
+    // tiles whose content is wider than the tile (it runs over the tile's border)
+    overflowing: q(".replica").filter(t => t.scrollWidth > t.clientWidth).map(t => t.dataset.replicaId),
     pageWidth: document.documentElement.scrollWidth,
     viewWidth: document.documentElement.clientWidth,
     error: err.hidden ? null : err.textContent,
@@ -88,10 +97,12 @@ COUNT_CARDS = {
     "quarantines",
     "corruption findings (timeline)",
 }
-# A decimal number and what follows it, in any text; addresses are taken out first.
+# A decimal number and what follows it, in any text; addresses are taken out first. A
+# ratio ends in the times sign, or in "x" in the lighthouse's own words (its reasons,
+# plain ASCII as in its log: "straggler: 200 ms ... against the others' 40 ms (5.0x, ...)").
 DECIMAL = re.compile(r"(\d+\.\d+)(\s?\S*)")
 ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d+)?\b")
-DECIMAL_UNIT = re.compile(rf"^\s?(?:{UNIT}|\u00d7|/s|/min|/h)(?:\W|$)")
+DECIMAL_UNIT = re.compile(rf"^\s?(?:{UNIT}|\u00d7|/s|/min|/h)(?:\W|$)|^x(?:\W|$)")
 
 
 def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -131,11 +142,19 @@ def timeline_has(status: dict[str, Any], kind: str, replica_id: str) -> bool:
 
 
 def render(
-    chromium: Chromium, url: str, out: Path, name: str, min_renders: int = 1
+    chromium: Chromium,
+    url: str,
+    out: Path,
+    name: str,
+    min_renders: int = 1,
+    until_js: str = "true",
 ) -> dict[str, Any]:
-    """Open ``url``, wait for ``min_renders`` refreshes, save a screenshot and the DOM."""
+    """Open ``url``, wait for ``min_renders`` refreshes and ``until_js`` (the page
+    refreshes itself every 2 s), save a screenshot and the DOM."""
     chromium.navigate(url)
-    chromium.wait_for(f"Number(document.body.dataset.rendered || 0) >= {min_renders}", 30)
+    chromium.wait_for(
+        f"Number(document.body.dataset.rendered || 0) >= {min_renders} && ({until_js})", 30
+    )
     page: dict[str, Any] = chromium.evaluate(PAGE_SUMMARY_JS)
     png = chromium.screenshot(out / f"{name}.png")
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, "an empty screenshot"
@@ -150,6 +169,9 @@ def assert_readable(page: dict[str, Any]) -> None:
     assert_numbers_carry_units(page)
     assert page["pageWidth"] <= page["viewWidth"], (
         f"the page is {page['pageWidth']} px wide in a {page['viewWidth']} px window"
+    )
+    assert not page["overflowing"], (
+        f"tiles whose text runs over their border: {page['overflowing']}"
     )
 
 
@@ -174,6 +196,13 @@ def assert_numbers_carry_units(page: dict[str, Any]) -> None:
     for card in page["cards"]:
         form = COUNT if card["k"] in COUNT_CARDS else QUANTITY
         assert form.match(card["v"]), card
+    for tile in page["tiles"]:  # a replica that reports its work per step: "work", "X / job Y"
+        if tile["work"]:
+            label, work = tile["work"]
+            mine, _, job = work.partition(" / job ")
+            assert label == "work" and QUANTITY.match(mine) and (not job or QUANTITY.match(job)), (
+                tile
+            )
     for row in page["tileRows"]:  # status, step, rate, step time, "seen ... ago" or "gone"
         _, _, rate, step_time, seen = row
         assert QUANTITY.match(rate) and QUANTITY.match(step_time.rstrip("*")), row
@@ -242,6 +271,113 @@ def test_a_killed_replica_and_its_rejoin_show_in_the_rendered_dashboard(
     assert re.search(r"\d+(\.\d+)? (ms|s)\b", page["text"]), "no durations with units"
     assert re.search(r"\d+(\.\d+)? steps/s", page["text"]), "no step rates with units"
     assert page["tileRows"] and page["memberCells"]  # the checks above had rows to check
+
+
+STRAGGLER_WINDOW = 8  # steps of work per step the detector needs of every member
+STRAGGLER_REASON = re.compile(
+    rf"^straggler: (\d+) ms of work per step against the others' (\d+) ms "
+    rf"\((\d+\.\d)x, over {STRAGGLER_WINDOW} steps\)$"
+)
+WORK = re.compile(r"^(\d+(?:\.\d+)?) ms / job (\d+(?:\.\d+)?) ms$")  # a tile's work row
+
+
+def tile_of(page: dict[str, Any], replica_id: str) -> dict[str, Any]:
+    tile: dict[str, Any] = next(t for t in page["tiles"] if t["id"] == replica_id)
+    return tile
+
+
+def tile_status_is(replica_id: str, status: str) -> str:
+    """JavaScript: the tile of ``replica_id`` is shown with ``status``."""
+    return (
+        f"(document.querySelector('.replica[data-replica-id=\"{replica_id}\"]') || {{dataset: {{}}}})"
+        f".dataset.status === '{status}'"
+    )
+
+
+def test_a_straggler_is_shown_quarantined_with_its_reason_and_comes_back_ok(
+    chromium_path: str, tmp_path: Path
+) -> None:
+    fast, slow = ["g0:1", "g1:1"], "g2:1"
+    with lighthouse(
+        min_replicas=2,
+        join_timeout_ms=1000,
+        http_bind="127.0.0.1:0",
+        straggler_window=STRAGGLER_WINDOW,
+        quarantine_base_ms=8000,  # long enough to render the page while it is held
+    ) as lh:
+        addr, url = lh.address(), lh.http_address()
+        assert url is not None
+        args = [replica_args(addr, rid, 40) for rid in fast]
+        # five times the others' work per step, until a SIGUSR1 brings it to their pace
+        args.append([*replica_args(addr, slow, 200), "--then-step-ms", "40", "--timeout-s", "30"])
+        with (
+            processes(*args) as procs,
+            Chromium(chromium_path, tmp_path / "profile", 1280, 900) as chromium,
+        ):
+            wait_until(
+                lambda: any(q["replica_id"] == slow for q in lh.status()["quarantined"]),
+                60,
+                f"{slow} quarantined as a straggler",
+            )
+            held = render(
+                chromium,
+                url,
+                tmp_path,
+                "dashboard_straggler_held",
+                until_js=tile_status_is(slow, "quarantined"),
+            )
+            os.kill(procs[2].popen.pid, signal.SIGUSR1)  # from now on it keeps pace
+            # it says so after its held ask returns, taken back in once its quarantine ends
+            procs[2].wait_event(lambda ev: ev.get("event") == "step_ms", 60)
+            procs[2].wait_event(lambda ev: ev.get("event") == "quorum" and ev["size"] == 3, 30)
+
+            def judged_at_pace() -> bool:
+                # a whole new window of its work per step is in, and it was not held again
+                status = lh.status()
+                return slow in status["stragglers"]["median_busy_ms"] and not status["quarantined"]
+
+            wait_until(judged_at_pace, 60, f"a full window of {slow}'s steps at the others' pace")
+            back = render(
+                chromium,
+                url,
+                tmp_path,
+                "dashboard_straggler_back",
+                until_js=tile_status_is(slow, "ok"),
+            )
+            status = lh.status()
+    # held: its tile says quarantined, why (its work per step against the others', in
+    # ms), and its work against the job's; the others are ok; the timeline has it
+    assert_readable(held)
+    tile = tile_of(held, slow)
+    assert tile["status"] == "quarantined", tile
+    reason = STRAGGLER_REASON.match(tile["reason"] or "")
+    assert reason is not None, tile
+    busy, others, ratio = int(reason[1]), int(reason[2]), float(reason[3])
+    assert busy >= 150 and others < 120 and ratio >= 1.5, tile  # about 200 ms against 40 ms
+    assert len(tile["work"]) == 2 and tile["work"][0] == "work", tile
+    work = WORK.match(tile["work"][1])
+    assert work is not None and float(work[1]) > 1.5 * float(work[2]), tile
+    remaining = rf"quarantined {NUMBER} (?:ms|s) more \({re.escape(tile['reason'])}\)"
+    assert re.search(remaining, tile["title"]), tile
+    assert f"against the job's {work[2]} ms" in tile["title"], tile
+    assert {tile_of(held, rid)["status"] for rid in fast} == {"ok"}, held["tiles"]
+    shown = [e for e in held["timeline"] if e["kind"] == "quarantine" and slow in e["ids"]]
+    assert len(shown) == 1 and f"(strike 1): {tile['reason']}" in shown[0]["text"], shown
+    # back: ok, its work at the others' pace, no reason; the quarantine stays on record
+    assert_readable(back)
+    again = tile_of(back, slow)
+    assert again["status"] == "ok" and again["reason"] is None, again
+    work = WORK.match(again["work"][1]) if len(again["work"]) == 2 else None
+    assert work is not None and float(work[1]) < 1.5 * float(work[2]), again
+    assert {tile_of(back, rid)["status"] for rid in fast} == {"ok"}, back["tiles"]
+    assert [e["kind"] for e in back["timeline"] if slow in e["ids"]].count("quarantine") == 1
+    assert {m["replica_id"] for m in status["quorum"]["members"]} == {*fast, slow}
+    assert [q["strikes"] for q in status["recent_quarantines"]] == [1], status["recent_quarantines"]
+    # it was taken back in with both others: no quorum since left a fast one out
+    events = status["history"]["timeline"]
+    since = next(i for i, e in enumerate(events) if e["kind"] == "quarantine")
+    left = [e["text"] for e in events[since:] if e["kind"] == "quorum" and set(e["left"]) & {*fast}]
+    assert not left, left
 
 
 @contextmanager

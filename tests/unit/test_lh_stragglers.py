@@ -6,6 +6,7 @@ window once its backoff ends."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from lighthouse import wire
 from lighthouse.clock import FakeClock
 from lighthouse.coordinator.admission import step_jump
 from lighthouse.coordinator.core import STRAGGLER_CHECK_PERIOD_S, LighthouseCore
-from lighthouse.coordinator.quorum import QuorumConfig
+from lighthouse.coordinator.quorum import DecisionKind, QuorumConfig
 from lighthouse.coordinator.stragglers import (
     DEFAULT_STRAGGLER_SLOWDOWN,
     BusyWindows,
@@ -205,6 +206,35 @@ def test_a_quarantined_straggler_no_longer_holds_the_job_committed_step_back() -
                 core.progress(rid, step, FAST, busy_ms=FAST)
         assert core.state.committed_step == judged + 5
         assert step_jump("a", judged + 6, core.state.committed_step, known=True) is None
+
+    asyncio.run(body())
+
+
+def test_a_straggler_let_back_in_is_taken_in_with_all_the_others() -> None:
+    """Its ask was held for its whole backoff, longer than the join timeout: the join
+    timeout counts from the backoff's end, so the first of the others to ask again
+    waits for the rest instead of forming a quorum with it alone (leaving a healthy
+    member out, to fail its leased step and heal)."""
+
+    async def body() -> None:
+        clock = FakeClock()
+        cfg = dataclasses.replace(CFG, join_timeout_s=2.0)
+        assert cfg.quarantine_base_s > cfg.join_timeout_s
+        core = LighthouseCore(cfg, clock, "ep")
+        for rid in "abc":
+            core.stream_opened(rid, asyncio.Queue[bytes]())
+        await asyncio.gather(*[core.request(_member(rid, 1)) for rid in "abc"])
+        step = _run_until_judged(core, clock, 2) + 1
+        held = core.request(_member("c", step))
+        await asyncio.gather(*[core.request(_member(rid, step)) for rid in "ab"])
+        clock.advance(cfg.quarantine_base_s)
+        core.tick()  # its backoff ended: the pair's lease is recalled
+        first = core.request(_member("a", step + 3))
+        assert not first.done() and not held.done(), core.decision.reason
+        assert core.decision.kind is DecisionKind.JOIN_TIMEOUT, core.decision.reason
+        core.request(_member("b", step + 3))
+        three = wire.decode_lighthouse_quorum_response(await first)
+        assert three.replica_ids == ["a", "b", "c"] and held.done()
 
     asyncio.run(body())
 
