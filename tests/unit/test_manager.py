@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch._C._distributed_c10d import ReduceOp
+from torch._C._distributed_c10d import ReduceOp, Work
 from torch.futures import Future
 
 from lighthouse import FailureNotice, QuorumTimeoutError
@@ -378,6 +378,42 @@ def test_failure_notice_interrupts_the_configure_of_that_quorum() -> None:
     client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
     manager.wait_quorum()  # returns at once, not after the 5 s rendezvous
     assert "interrupted" in str(manager.errored())
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
+def test_no_collective_is_issued_on_a_group_whose_configure_a_notice_interrupted() -> None:
+    """The allreduce waits for the round, which a notice ended in a failed configure:
+    the op must not reach the group (torn down, or still the previous quorum's)."""
+    client = FakeClient([result(quorum_id=1, world=3)])
+    pg = BlockingConfigureGroup()
+    issued: list[int] = []
+    plain_allreduce = pg.allreduce
+
+    def counting(tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        issued.append(len(tensors))
+        return plain_allreduce(tensors, opts)
+
+    pg.allreduce = counting  # type: ignore[method-assign]
+    manager = Manager(
+        pg, client=client, checkpoint_transport=FakeTransport(), timeout=timedelta(seconds=5)
+    )
+    manager.start_quorum()
+    assert pg.entered.wait(5.0)
+    t = torch.ones(1)
+    done = threading.Event()
+    result_box: list[torch.Tensor] = []
+
+    def step() -> None:
+        result_box.append(manager.allreduce(t).get_future().wait())
+        done.set()
+
+    worker = threading.Thread(target=step)
+    worker.start()  # waits for the round, in the configure
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    assert done.wait(5.0)
+    worker.join(5.0)
+    assert issued == [] and result_box == [t] and t.item() == 1.0
     assert manager.should_commit() is False
     manager.shutdown()
 

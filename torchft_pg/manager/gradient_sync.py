@@ -173,6 +173,11 @@ class GradientSync:
             return completed_work(tensor)
         try:
             self._round.wait()
+            if self._state.errored() is not None:
+                # The step failed while its round finished (a notice interrupted the
+                # configure): its process group may be torn down or the previous
+                # quorum's, so nothing is issued on it.
+                return completed_work(tensor)
             participation = self._state.participation
             # The backend reduces a private copy: an op a failure notice abandoned
             # may still complete later in the retired backend, and must then write
