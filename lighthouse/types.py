@@ -115,13 +115,17 @@ class IntegrityKind(str, Enum):
     DIVERGED: the group's own state differs from the majority's (it votes no and
     heals). HEAL_SOURCE_DIVERGED: the peer the group healed from this step holds
     a state that differs from the majority's (the healed state is dropped).
-    NO_MAJORITY: the groups' states differ and no state is held by a majority,
-    so no group commits.
+    NO_MAJORITY: the groups' states (or, with the gradients checked, their
+    averaged gradients) differ and none is held by a majority, so no group
+    commits. GRADIENT_DIVERGED: the averaged gradient the group received from
+    a step's allreduce differs from the majority's (a corrupt reduction; only
+    with ``Manager(integrity_check_gradients=True)``): it votes no and heals.
     """
 
     DIVERGED = "diverged"
     HEAL_SOURCE_DIVERGED = "heal_source_diverged"
     NO_MAJORITY = "no_majority"
+    GRADIENT_DIVERGED = "gradient_diverged"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -69,6 +69,7 @@ _KIND_TO_PB = {
     IntegrityKind.DIVERGED: pb.IntegrityReport.DIVERGED,
     IntegrityKind.HEAL_SOURCE_DIVERGED: pb.IntegrityReport.HEAL_SOURCE_DIVERGED,
     IntegrityKind.NO_MAJORITY: pb.IntegrityReport.NO_MAJORITY,
+    IntegrityKind.GRADIENT_DIVERGED: pb.IntegrityReport.GRADIENT_DIVERGED,
 }
 _KIND_FROM_PB = {number: kind for kind, number in _KIND_TO_PB.items()}
 

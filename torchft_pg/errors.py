@@ -70,9 +70,10 @@ class RecoveryError(FaultToleranceError):
 
 
 class StateDivergedError(FaultToleranceError):
-    """This rank's state (or the state it healed from) differs from the majority of
-    the replica groups', or the groups differ with no majority: silent data
-    corruption caught by the Manager's integrity check."""
+    """This rank's state (or the state it healed from, or with
+    `integrity_check_gradients` the averaged gradient it received) differs from
+    the majority of the replica groups', or the groups differ with no majority:
+    silent data corruption caught by the Manager's integrity check."""
 
 
 class CommitFailedError(FaultToleranceError):

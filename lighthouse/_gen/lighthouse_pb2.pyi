@@ -57,10 +57,12 @@ class IntegrityReport(_message.Message):
         DIVERGED: _ClassVar[IntegrityReport.Kind]
         HEAL_SOURCE_DIVERGED: _ClassVar[IntegrityReport.Kind]
         NO_MAJORITY: _ClassVar[IntegrityReport.Kind]
+        GRADIENT_DIVERGED: _ClassVar[IntegrityReport.Kind]
     KIND_UNSPECIFIED: IntegrityReport.Kind
     DIVERGED: IntegrityReport.Kind
     HEAL_SOURCE_DIVERGED: IntegrityReport.Kind
     NO_MAJORITY: IntegrityReport.Kind
+    GRADIENT_DIVERGED: IntegrityReport.Kind
     STEP_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]

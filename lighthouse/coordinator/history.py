@@ -614,6 +614,8 @@ class JobHistory:
             "majority's (the healed state was dropped)",
             IntegrityKind.NO_MAJORITY: "the replicas' states differ and no majority holds one "
             "(no step commits)",
+            IntegrityKind.GRADIENT_DIVERGED: "the averaged gradient it received differed from "
+            "the majority's (a corrupt reduction: the step was discarded)",
         }[report.kind]
         text = f"{replica_id}: silent data corruption at step {report.step}: {what}"
         if report.tensors:

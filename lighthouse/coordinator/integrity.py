@@ -12,7 +12,11 @@ Only a replica's own ``DIVERGED`` reports count against it: a healer's word
 about its heal source (``HEAL_SOURCE_DIVERGED``) and a job-wide
 ``NO_MAJORITY`` are recorded but blame nobody, so no replica can get another
 one quarantined (the corrupt source, which took part in the same check,
-reports its own divergence). The count covers the last ``window_s`` seconds
+reports its own divergence). ``GRADIENT_DIVERGED`` (a replica received an
+averaged gradient that differs from the majority's) is recorded but not
+counted either: a reduction's result passes through its peers' memory and
+links, so a differing result does not pin the fault on the replica that
+received it, and its state was never touched. The count covers the last ``window_s`` seconds
 and starts afresh at each quarantine, so a replica released on probation is
 quarantined again (with a longer backoff) only after ``after`` new findings.
 A quarantine never leaves fewer than ``min_replicas`` live replicas.

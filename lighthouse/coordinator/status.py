@@ -118,7 +118,8 @@ class LighthouseMetrics:
         self.integrity_divergences = Counter(
             "lighthouse_integrity_divergences",
             "Silent-data-corruption findings the replicas reported, by kind (diverged: its "
-            "own state; heal_source_diverged: its heal source's; no_majority)",
+            "own state; heal_source_diverged: its heal source's; no_majority; "
+            "gradient_diverged: its averaged gradient)",
             ["kind"],
             registry=r,
         )

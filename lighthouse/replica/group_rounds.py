@@ -67,9 +67,11 @@ def group_heal(reqs: list[ManagerQuorumRequest]) -> HealReport | None:
 
 
 # Which finding a group reports when its ranks found different ones at one step:
-# its own corruption first (the one the lighthouse counts toward quarantine).
+# its own corruption first (the one the lighthouse counts toward quarantine),
+# then its own corrupt reduction.
 _INTEGRITY_ORDER = (
     IntegrityKind.DIVERGED,
+    IntegrityKind.GRADIENT_DIVERGED,
     IntegrityKind.HEAL_SOURCE_DIVERGED,
     IntegrityKind.NO_MAJORITY,
 )
@@ -79,7 +81,7 @@ def group_integrity(reqs: list[ManagerQuorumRequest]) -> IntegrityReport | None:
     """The group's integrity finding from its ranks' reports (None if no rank reports
     one). Each rank checks its own shard, so ranks may report different kinds and
     tensors: the group reports the latest step's, its own divergence before its
-    heal source's before no majority, with the tensors its ranks named for that
+    averaged gradient's before its heal source's before no majority, with the tensors its ranks named for that
     kind (in group-rank order, each once, at most ``MAX_INTEGRITY_TENSORS``)."""
     reports = [
         r.integrity for r in sorted(reqs, key=lambda q: q.group_rank) if r.integrity is not None

@@ -8,6 +8,13 @@ one bit flipped between two steps (as a faulty memory would); within
 majority member, and every group must end bit-identical; the lighthouse's
 `/status` shows the finding the corrupt group reported. With two groups that
 disagree there is no majority: no step commits, and the log and `/status` say why.
+
+With `integrity_check_gradients`, one group's process group flips a bit of
+the summed gradient bucket it received at a checked step (a corrupt
+reduction, injected below the Manager in `CorruptingGloo`): that group must
+vote no at that very step, heal, and end bit-identical to the others, whose
+steps commit. Without the option the same fault goes unnoticed at that step,
+lands in the corrupt group's state, and only the next state check finds it.
 """
 
 from __future__ import annotations
@@ -18,11 +25,13 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed import TCPStore
+from torch.distributed import TCPStore, Work
+from torch.futures import Future
 
 from lighthouse import LighthouseServer
 from tests.threads import run_in_threads
 from torchft_pg import DistributedDataParallel, OptimizerWrapper, ProcessGroupGloo
+from torchft_pg._torch_internals import work_from_future
 from torchft_pg.manager import Manager
 
 EVERY = 3  # steps between checks
@@ -36,6 +45,35 @@ def new_store() -> TCPStore:
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
 
 
+class CorruptingGloo(ProcessGroupGloo):
+    """Gloo whose next allreduce, once `arm`ed, delivers its result with one bit
+    of the first element flipped: a reduction corrupted on its way to this rank
+    (a faulty NIC, host memory or kernel), after every peer summed correctly."""
+
+    def __init__(self, timeout: timedelta) -> None:
+        super().__init__(timeout=timeout)
+        self._armed = False
+        self.flipped = 0  # allreduce results corrupted so far
+
+    def arm(self) -> None:
+        self._armed = True
+
+    def _run(self, op: str, outputs: Any, *args: Any) -> Work:
+        work = super()._run(op, outputs, *args)
+        if op != "allreduce" or not self._armed:
+            return work
+        self._armed = False
+
+        def flip(done: Future[Any]) -> Any:
+            result = done.value()  # raises the op's error, if any, unchanged
+            with torch.no_grad():
+                outputs[0].view(-1).view(torch.int32)[0] ^= 1 << 22  # a high mantissa bit
+            self.flipped += 1
+            return result
+
+        return work_from_future(work.get_future().then(flip))
+
+
 def run_rank(
     lighthouse: str,
     store: TCPStore,
@@ -47,13 +85,18 @@ def run_rank(
     max_iterations: int = MAX_ITERATIONS,
     give_up_after: int | None = None,
     min_replica_size: int = 1,
+    check_gradients: bool = False,
+    corrupt_gradient_at: int | None = None,
 ) -> dict[str, Any]:
     """One rank of group `replica`: train until its step reaches `steps` (or
     `max_iterations` attempts, or `give_up_after` discarded attempts at one
     step); a `corrupt` rank flips one bit of its second layer's weight once it
-    has committed step CORRUPT_AT."""
+    has committed step CORRUPT_AT. With `corrupt_gradient_at`, this rank's
+    first gradient reduction at that step is delivered with a bit flipped
+    (`CorruptingGloo`); `check_gradients` is `integrity_check_gradients`."""
+    pg = CorruptingGloo(TIMEOUT)
     manager = Manager(
-        ProcessGroupGloo(timeout=TIMEOUT),
+        pg,
         min_replica_size=min_replica_size,
         rank=rank,
         world_size=ranks,
@@ -65,6 +108,7 @@ def run_rank(
         quorum_timeout=TIMEOUT,
         connect_timeout=TIMEOUT,
         integrity_check_every=EVERY,
+        integrity_check_gradients=check_gradients,
     )
     torch.manual_seed(0)
     hidden, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
@@ -89,6 +133,8 @@ def run_rank(
                 with torch.no_grad():
                     head.weight.view(-1).view(torch.int32)[5] ^= 1 << 20
                 flipped_at = CORRUPT_AT
+            if manager.current_step() == corrupt_gradient_at and pg.flipped == 0:
+                pg.arm()
             iterations += 1
             optimizer.zero_grad()
             step = manager.current_step()
@@ -103,6 +149,8 @@ def run_rank(
             "step": manager.current_step(),
             "discarded_at": discarded_at,
             "divergences": manager._integrity.divergences,
+            "gradient_divergences": manager._integrity.gradient_divergences,
+            "gradients_flipped": pg.flipped,
             "params": [p.detach().clone() for p in model.parameters()],
         }
     finally:
@@ -222,3 +270,126 @@ def test_two_groups_that_disagree_stop_committing_and_say_why(
     assert {f["kind"] for f in findings} == {"no_majority"}
     assert {f["step"] for f in findings} == {caught}
     assert sorted(f["replica_id"].split(":")[0] for f in findings) == ["group0", "group1"]
+
+
+GRADIENT_AT = 2 * EVERY  # a checked step: the corrupt reduction happens there
+
+
+def run_groups(
+    groups: int, ranks: int, steps: int, check_gradients: bool
+) -> tuple[dict[tuple[int, int], dict[str, Any]], dict[str, Any]]:
+    """Train `groups` replica groups of `ranks` ranks to `steps` against a real
+    lighthouse; rank 0 of group 1 receives a corrupt reduction at GRADIENT_AT.
+    Returns each (group, rank)'s result and the lighthouse's `/status`."""
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=groups, join_timeout_ms=60_000, http_bind=None
+    )
+    stores = [new_store() for _ in range(groups)]
+    try:
+        results = run_in_threads(
+            [
+                (
+                    lambda g=g, r=r: run_rank(  # type: ignore[misc]
+                        lighthouse.address(),
+                        stores[g],
+                        g,
+                        r,
+                        ranks,
+                        corrupt=False,
+                        steps=steps,
+                        check_gradients=check_gradients,
+                        corrupt_gradient_at=GRADIENT_AT if (g, r) == (1, 0) else None,
+                    )
+                )
+                for g in range(groups)
+                for r in range(ranks)
+            ],
+            timeout_s=200,
+        )
+        status = lighthouse.status()
+    finally:
+        lighthouse.shutdown()
+    return {(g, r): results[g * ranks + r] for g in range(groups) for r in range(ranks)}, status
+
+
+def check_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The integrity check's own WARNING lines (not the lighthouse's)."""
+    return [
+        rec.getMessage()
+        for rec in caplog.records
+        if rec.levelno == logging.WARNING and rec.name == "torchft_pg.manager.integrity_check"
+    ]
+
+
+def assert_bit_identical(by_key: dict[tuple[int, int], dict[str, Any]], groups: int) -> None:
+    ranks = len(by_key) // groups
+    for r in range(ranks):
+        for g in range(1, groups):
+            for a, b in zip(by_key[(0, r)]["params"], by_key[(g, r)]["params"], strict=True):
+                assert torch.equal(a, b), f"groups 0 and {g} differ at rank {r}"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("use_groups_ranks", [(3, 1), (3, 2)], ids=["3x1", "3x2"])
+def test_a_corrupt_reduction_is_caught_at_its_step_and_that_group_heals(
+    use_groups_ranks: tuple[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    groups, ranks = use_groups_ranks
+    caplog.set_level(logging.WARNING, logger="torchft_pg.manager.integrity_check")
+    by_key, status = run_groups(groups, ranks, STEPS, check_gradients=True)
+    corrupt = by_key[(1, 0)]
+    assert corrupt["gradients_flipped"] == 1
+    for key, res in by_key.items():
+        assert res["step"] == STEPS, f"group/rank {key} stopped at step {res['step']}"
+        assert res["divergences"] == 0, key  # no state ever differed: it was never applied
+    # caught by the corrupt rank itself at the very step; its whole group voted no
+    assert corrupt["gradient_divergences"] == 1
+    for r in range(ranks):
+        assert GRADIENT_AT in by_key[(1, r)]["discarded_at"], r
+    for g in (0, 2):  # the others committed it
+        for r in range(ranks):
+            assert by_key[(g, r)]["gradient_divergences"] == 0
+            assert GRADIENT_AT not in by_key[(g, r)]["discarded_at"], (g, r)
+    assert_bit_identical(by_key, groups)  # healed from the majority
+    lines = check_lines(caplog)
+    assert any(
+        "corrupt gradient reduction: replica group1" in line
+        and "averaged gradient that differs from the majority" in line
+        and f"at step {GRADIENT_AT}" in line
+        and "group rank 0" in line
+        and "averaged gradient bucket 0 (" in line
+        for line in lines
+    ), lines
+    assert not any("silent data corruption" in line for line in lines), lines
+    # the lighthouse was told it was the averaged gradient, once, and blames nobody
+    (finding,) = status["recent_integrity_findings"]
+    assert finding["replica_id"].startswith("group1") and finding["kind"] == "gradient_diverged"
+    assert finding["step"] == GRADIENT_AT
+    assert any(t.startswith("averaged gradient bucket 0") for t in finding["tensors"])
+    assert finding["divergences_in_window"] == 0
+    assert status["quarantined"] == []
+
+
+@pytest.mark.timeout(240)
+def test_without_the_option_a_corrupt_reduction_lands_in_the_state(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="torchft_pg.manager.integrity_check")
+    # one state check after the corrupt step, then two steps (as in the tests above):
+    # the corrupt group heals in the first, while its source is still training
+    steps = GRADIENT_AT + EVERY + 3
+    by_key, status = run_groups(3, 1, steps, check_gradients=False)
+    corrupt = by_key[(1, 0)]
+    assert corrupt["gradients_flipped"] == 1
+    # nothing is caught at the corrupt step: every group commits it ...
+    for key, res in by_key.items():
+        assert res["step"] == steps, key
+        assert res["gradient_divergences"] == 0, key
+        assert GRADIENT_AT not in res["discarded_at"], key
+    assert not any("gradient" in line for line in check_lines(caplog))
+    # ... so the corrupt gradient was applied, and the next state check finds it
+    caught = GRADIENT_AT + EVERY
+    assert corrupt["divergences"] == 1 and caught in corrupt["discarded_at"]
+    (finding,) = status["recent_integrity_findings"]
+    assert finding["kind"] == "diverged" and finding["step"] == caught
+    assert_bit_identical(by_key, 3)

@@ -24,7 +24,8 @@ instead of calling back into the Manager:
 * `gradient_sync.GradientSync`: `allreduce`, plain or quantized;
 * `commit_vote.CommitVote`: `should_commit`;
 * `integrity_check.IntegrityCheck`: every few steps, compare the state's
-  fingerprints (`fingerprint`) across groups, judged by `state_verdict` (pure);
+  fingerprints (`fingerprint`) across groups, judged by `state_verdict` (pure),
+  and optionally the step's averaged gradients (`gradient_digests`);
 * `step_counters.StepCounters` (pure): step, batches committed, failed
   commits, and how a vote moves them;
 * `participation` (pure): who takes part and how votes count;
@@ -63,6 +64,7 @@ from torchft_pg.manager.config import (
     timeout_order_warnings,
     unsupported_variables,
 )
+from torchft_pg.manager.gradient_digests import check_gradients
 from torchft_pg.manager.gradient_sync import GradientSync
 from torchft_pg.manager.group_server import MANAGER_ADDR_KEY, REPLICA_ID_KEY
 from torchft_pg.manager.heal import Healer
@@ -105,6 +107,16 @@ class Manager:
     corruption is caught within 100 committed steps, for one fingerprint of
     the state per 100 steps; None or 0 turns the check off. See
     `integrity_check` and the operations guide.
+    `integrity_check_gradients` (default False): at those same steps, also
+    compare every result `allreduce` produced in the step (DDP's averaged
+    gradient buckets, after the division: what the optimizer applies),
+    bit-exactly, in call order. A group whose averaged gradient differs from
+    the majority's received a corrupt reduction: it votes no on that step
+    (its state is untouched) and heals at the next quorum, which the state
+    check alone would see only after the corrupt gradient was applied, if at
+    all. Cost: one read of each result at a checked step (a digest, like the
+    state's, no copy) and a 4 KiB longer exchange; nothing on other steps.
+    `set_integrity_check_gradients` changes it.
     `client` (this group's manager server), `connect_manager` (address ->
     client of a healing source's server), `checkpoint_transport` and `clock`
     can be injected: unit tests pass fakes, and then no server or store starts.
@@ -149,12 +161,14 @@ class Manager:
         connect_manager: Callable[[str], ManagerClientProtocol] | None = None,
         clock: Callable[[], float] = time.monotonic,
         integrity_check_every: int | None = DEFAULT_CHECK_EVERY,
+        integrity_check_gradients: bool = False,
     ) -> None:
         if min_replica_size < 1:
             raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
         if max_retries is not None and max_retries < 0:
             raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
         integrity_every = check_every(integrity_check_every)
+        integrity_gradients = check_gradients(integrity_check_gradients)
         timeouts = ManagerTimeouts.resolve(
             timeout=timeout,
             quorum_timeout=quorum_timeout,
@@ -231,14 +245,6 @@ class Manager:
             init_sync=init_sync,
             clock=clock,
         )
-        self._gradients = GradientSync(
-            state=self._state,
-            pg=pg,
-            notices=self._notices,
-            round=self._round,
-            timeout=timeout,
-            clock=clock,
-        )
         self._integrity = IntegrityCheck(
             state=self._state,
             pg=pg,
@@ -246,6 +252,16 @@ class Manager:
             healer=self._healer,
             every=integrity_every,
             timeout=timeout,
+            gradients=integrity_gradients,
+        )
+        self._gradients = GradientSync(
+            state=self._state,
+            pg=pg,
+            notices=self._notices,
+            round=self._round,
+            timeout=timeout,
+            clock=clock,
+            digests=self._integrity.gradient_digests,
         )
         self._vote = CommitVote(
             state=self._state,
@@ -287,6 +303,7 @@ class Manager:
         """
         self._round.wait_previous()
         self._state.begin_step()
+        self._integrity.gradient_digests.begin_step()
         self._round.start(allow_heal, shrink_only, timeout or self._quorum_timeout)
         if not self._use_async_quorum:
             self.wait_quorum()
@@ -342,6 +359,13 @@ class Manager:
         DiLoCo turn the check off: between their syncs each replica group trains
         on its own, so their groups' states legitimately differ."""
         self._integrity.every = check_every(every)
+
+    def set_integrity_check_gradients(self, on: bool) -> None:
+        """Change `integrity_check_gradients` (True: compare the averaged gradients
+        at each integrity check) from the next `start_quorum` on. Every replica group
+        should hold the same setting: a group with it off takes no part in the
+        gradients' comparison (it still meets the others in the exchange)."""
+        self._integrity.gradient_digests.enabled = check_gradients(on)
 
     # -- errors ------------------------------------------------------------------
     def report_error(self, e: Exception) -> None:

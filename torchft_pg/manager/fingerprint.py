@@ -19,7 +19,9 @@ cryptographic hash against an adversary.
 The digests travel in a vector of fixed length (`vector_length`), so that
 groups whose state differs in shape still meet in the same collective:
 tensor ``i`` goes to slot ``i % SLOTS`` (with more tensors than slots, several
-share one, and a differing slot names all of them).
+share one, and a differing slot names all of them). `fingerprint_of` builds a
+fingerprint from digests already taken: `gradient_digests` digests each
+averaged gradient as its allreduce completes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ __all__ = [
     "SLOTS",
     "Fingerprint",
     "absent_vector",
+    "fingerprint_of",
     "fingerprint_state",
     "named_tensors",
     "names_in_slots",
@@ -150,9 +153,16 @@ def _wrap(value: int) -> int:
 def fingerprint_state(state: Any) -> Fingerprint:
     """The `Fingerprint` of every tensor in `state` (see `named_tensors`)."""
     pairs = list(named_tensors(state))
-    if not pairs:
+    return fingerprint_of([name for name, _ in pairs], [tensor_digest(t) for _, t in pairs])
+
+
+def fingerprint_of(names: Sequence[str], digests: Sequence[torch.Tensor]) -> Fingerprint:
+    """The `Fingerprint` of tensors already digested (`tensor_digest`): `names[i]`'s
+    0-dim digest is `digests[i]`, on any device; one device-to-host copy per device."""
+    if len(names) != len(digests):
+        raise ValueError(f"{len(names)} names for {len(digests)} digests")
+    if not digests:
         return Fingerprint(names=(), digests=())
-    digests = [tensor_digest(t) for _, t in pairs]
     by_device: dict[torch.device, list[int]] = {}
     for i, d in enumerate(digests):
         by_device.setdefault(d.device, []).append(i)
@@ -161,7 +171,7 @@ def fingerprint_state(state: Any) -> Fingerprint:
         host = torch.stack([digests[i] for i in indices]).cpu().tolist()
         for i, v in zip(indices, host, strict=True):
             values[i] = int(v)
-    return Fingerprint(names=tuple(name for name, _ in pairs), digests=tuple(values))
+    return Fingerprint(names=tuple(names), digests=tuple(values))
 
 
 def names_in_slots(names: Sequence[str], slots: Sequence[int]) -> list[str]:

@@ -5,6 +5,8 @@
 once. `check_allreduce` (pure) refuses bad arguments up front;
 `quantized_sum` is the quantized path: an allgather of encoded
 contributions, summed in float32 in rank order (see `torchft_pg.quantization`).
+On a step the integrity check is due, with `integrity_check_gradients` on,
+each op's final result is also digested for it (`gradient_digests`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.distributed import ReduceOp, Work
 
 from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.futures import ProxyFuture
+from torchft_pg.manager.gradient_digests import GradientDigests
 from torchft_pg.manager.notices import NoticeRouter
 from torchft_pg.manager.quorum_round import QuorumRound
 from torchft_pg.manager.step_state import StepState
@@ -131,6 +134,8 @@ class GradientSync:
     completion to `state.peer_wait_ms` (in ms, measured with `clock`, seconds):
     the step's last one tells how long this rank waited for its peers, which
     the lighthouse's straggler detector needs (two clock reads per op).
+    `digests` (optional) receives each completed op's final result on a step
+    the integrity check compares them (a read of it; nothing on other steps).
     """
 
     def __init__(
@@ -142,9 +147,11 @@ class GradientSync:
         round: QuorumRound,
         timeout: timedelta,
         clock: Callable[[], float] = time.monotonic,
+        digests: GradientDigests | None = None,
     ) -> None:
         self._state = state
         self._clock = clock
+        self._digests = digests
         self._pg = pg
         self._notices = notices
         self._round = round
@@ -192,6 +199,8 @@ class GradientSync:
             else:
                 private = self._spare.copy_of(tensor, zero=not contributes)
             divisor = max(participation.world_size, 1)
+            # keyed by call order, taken on the caller's thread: the same on every group
+            slot = self._digests.slot() if self._digests is not None else None
             submitted = self._clock()
             if scheme is not None:
                 work, reduced = quantized_sum(self._pg, private, scheme)
@@ -211,11 +220,17 @@ class GradientSync:
 
         def finish(_: Any) -> torch.Tensor:
             self._state.peer_wait_ms = (self._clock() - submitted) * 1000.0
+            into_tensor()
+            if slot is not None and self._digests is not None:
+                self._digests.record(slot, tensor, reduce_op)  # what the optimizer applies
+            return tensor
+
+        def into_tensor() -> None:  # the op's result, divided for an average
             result = reduced()
             if in_place:  # the op reduced `tensor` itself
                 if average:
                     tensor.div_(divisor)
-                return tensor
+                return
             if average and result.dtype == tensor.dtype:
                 # one pass over the memory instead of a copy and then a division:
                 # the same rounding (one division of each summed value), and at
@@ -226,7 +241,6 @@ class GradientSync:
                 if average:
                     tensor.div_(divisor)
             self._spare.give_back(private)  # the op is done with it
-            return tensor
 
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
             source, tensor, self._state.report_error, self._timeout, finish

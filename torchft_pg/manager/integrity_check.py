@@ -30,6 +30,23 @@ heal source's, or no majority) is also left in `StepState.integrity_report`
 request: the lighthouse records it (timeline, `/status`, `/metrics`) and
 quarantines a group that keeps diverging. A failure of the exchange itself is reported like a
 failed collective (the step votes no).
+
+Averaged gradients (`Manager(integrity_check_gradients=True)`, off by
+default): at the same steps each member also fingerprints every allreduce
+result of the step, in call order (`gradient_digests`), and `judge`
+compares those too. They travel in the same allgather, as a second
+fixed-length vector after the state's: one collective's latency, not two,
+and a member with the option off sends an absent second half, so groups
+configured differently still meet in one collective of one size (never a
+second allgather some members skip, which would hang the others until the
+timeout). Healers and spares take part, since they received the same
+average; a member whose step failed sends both halves absent. A group whose
+averaged gradient differs from the majority's votes no like a state
+divergence (its state is not in question: it never applies that gradient,
+and heals to the majority's step at the next quorum) and reports
+`IntegrityKind.GRADIENT_DIVERGED`; with no majority nobody commits (the
+retry recomputes the gradients). A state finding of the same check comes
+first: it is the one reported to the lighthouse.
 """
 
 from __future__ import annotations
@@ -49,7 +66,9 @@ from torchft_pg.manager.fingerprint import (
     absent_vector,
     fingerprint_state,
     names_in_slots,
+    vector_length,
 )
+from torchft_pg.manager.gradient_digests import GradientDigests
 from torchft_pg.manager.heal import Healer
 from torchft_pg.manager.notices import NoticeRouter
 from torchft_pg.manager.state_verdict import StateVerdict, VerdictKind, judge
@@ -108,7 +127,9 @@ class IntegrityCheck:
 
     The state is what `healer`'s registered functions return; the exchange
     waits at most `timeout` and is completed at once by a failure notice
-    (`notices`); failures and findings are reported to `state`.
+    (`notices`); failures and findings are reported to `state`. With
+    `gradients` the step's allreduce results (`gradient_digests`, which
+    `GradientSync` fills) are compared too.
     """
 
     def __init__(
@@ -120,6 +141,7 @@ class IntegrityCheck:
         healer: Healer,
         every: int | None,
         timeout: timedelta,
+        gradients: bool = False,
     ) -> None:
         self._state = state
         self._pg = pg
@@ -129,6 +151,11 @@ class IntegrityCheck:
         self._timeout = timeout
         self.last_verdict: StateVerdict | None = None  # the latest check's finding
         self.divergences = 0  # checks that found this rank's state (or source) corrupt
+        # the step's allreduce results, digested while `gradient_digests.enabled`
+        # (the Manager's option) and this check is due
+        self.gradient_digests = GradientDigests(due=self.due, enabled=gradients)
+        self.last_gradient_verdict: StateVerdict | None = None  # None: not compared
+        self.gradient_divergences = 0  # checks that found this rank's averaged gradient corrupt
 
     def due(self) -> bool:
         """This step is checked: the quorum's max step (the same on every member,
@@ -142,6 +169,7 @@ class IntegrityCheck:
         if not self.due() or self._pg.errored() is not None:
             return  # a broken group cannot exchange; its error already fails the step
         fingerprint: Fingerprint | None = None
+        gradients: Fingerprint | None = None
         try:
             # A healer's state is not yet the quorum's, state the user has closed to
             # reads (`disallow_state_dict_read`) is mid-update, and a step that failed
@@ -150,7 +178,15 @@ class IntegrityCheck:
             failed = self._state.errored() is not None
             if not failed and not self._state.healing and self._healer.reads.allowed:
                 fingerprint = fingerprint_state(self._healer.states.user_state())
-            mine = absent_vector() if fingerprint is None else fingerprint.vector()
+            # A healer's and a spare's averaged gradients are the same as everyone's.
+            taken = self.gradient_digests.take()  # None: the option was off this step
+            gradients = None if failed else taken
+            mine = torch.cat(
+                [
+                    absent_vector() if fingerprint is None else fingerprint.vector(),
+                    absent_vector() if gradients is None else gradients.vector(),
+                ]
+            )
             gathered = [torch.empty_like(mine) for _ in range(self._pg.size())]
             work = self._pg.allgather([gathered], [mine], AllgatherOptions())
             proxy: ProxyFuture[bool] = ProxyFuture(
@@ -159,27 +195,38 @@ class IntegrityCheck:
             self._notices.track(proxy)
             if not proxy.future.wait():
                 return  # the exchange failed or was aborted: reported, the step votes no
-            verdict = judge([v.tolist() for v in gathered])
+            n = vector_length()
+            vectors = [v.tolist() for v in gathered]
+            verdict = judge([v[:n] for v in vectors])
+            gradient_verdict = judge([v[n:] for v in vectors])
         except Exception as e:
             self._state.report_error(e)
             return
         if failed:
             return
         self.last_verdict = verdict
-        self._act(verdict, fingerprint)
+        reported = self._act(verdict, fingerprint)
+        if gradients is not None:
+            self.last_gradient_verdict = gradient_verdict
+            self._act_on_gradients(gradient_verdict, gradients, report=not reported)
 
-    def _act(self, verdict: StateVerdict, fingerprint: Fingerprint | None) -> None:
+    def _who(self, rank: int) -> str:
+        """Member `rank` of the cross-replica group, as a log line names it."""
+        ids = self._state.replica_ids
+        name = ids[rank] if rank < len(ids) else "?"
+        return f"replica {name} (replica rank {rank}) group rank {self._state.group_rank}"
+
+    def _act(self, verdict: StateVerdict, fingerprint: Fingerprint | None) -> bool:
+        """Log and report the state `verdict`; True if it left a report (a finding
+        against this rank's group or its heal source)."""
         state = self._state
         step, me = state.max_step, state.replica_rank
         ids = state.replica_ids
-
-        def who(rank: int) -> str:
-            name = ids[rank] if rank < len(ids) else "?"
-            return f"replica {name} (replica rank {rank}) group rank {state.group_rank}"
+        who = self._who
 
         if verdict.kind == VerdictKind.AGREE:
             logger.debug("%s state fingerprints agree over %s", state.tag(), verdict.checked)
-            return
+            return False
         if verdict.kind == VerdictKind.NO_MAJORITY:
             differing = "; ".join(
                 f"{who(d.rank)} differs in {_names(fingerprint, d.slots)}" for d in verdict.diverged
@@ -201,7 +248,7 @@ class IntegrityCheck:
             )
             self._report(IntegrityKind.NO_MAJORITY, step, _reported_names(fingerprint, slots))
             state.report_error(StateDivergedError(line))
-            return
+            return True
         for d in verdict.diverged:
             logger.warning(
                 "%s silent data corruption: %s differs from the majority %s at step %d in %s%s",
@@ -222,7 +269,8 @@ class IntegrityCheck:
                     f"{_names(fingerprint, mine.slots)}: it votes no and heals at the next quorum"
                 )
             )
-        elif state.heal_source is not None and not verdict.trusted(state.heal_source):
+            return True
+        if state.heal_source is not None and not verdict.trusted(state.heal_source):
             self.divergences += 1
             # A healer holds no fingerprint of its own, so no names to map the digest
             # slots to: the report names none (the source's own report names them).
@@ -233,6 +281,72 @@ class IntegrityCheck:
                     f"differs from the majority's at step {step}: the healed state is dropped"
                 )
             )
+            return True
+        return False
+
+    def _act_on_gradients(
+        self, verdict: StateVerdict, gradients: Fingerprint, *, report: bool
+    ) -> None:
+        """Log the averaged gradients' `verdict`; a finding against this rank's group
+        fails its step, and is reported to the lighthouse if `report` (no state
+        finding of the same check was)."""
+        state = self._state
+        step, me = state.max_step, state.replica_rank
+        ids = state.replica_ids
+        if verdict.kind == VerdictKind.AGREE:
+            logger.debug("%s averaged gradients agree over %s", state.tag(), verdict.checked)
+            return
+        if verdict.kind == VerdictKind.NO_MAJORITY:
+            differing = "; ".join(
+                f"{self._who(d.rank)} differs in {_names(gradients, d.slots)}"
+                for d in verdict.diverged
+            )
+            line = (
+                f"the replica groups' averaged gradients (allreduce results) disagree at step "
+                f"{step} and no majority holds one ({len(verdict.checked)} compared; against "
+                f"{self._who(verdict.checked[0])}: {differing}), so no group commits this "
+                "step; its retry reduces the gradients again, and a reduction that keeps "
+                "disagreeing stops the job from committing"
+            )
+            logger.warning("%s %s", state.tag(), line)
+            self.gradient_divergences += 1
+            own = verdict.divergence_of(me)
+            slots = (
+                own.slots
+                if own is not None
+                else tuple(sorted({s for d in verdict.diverged for s in d.slots}))
+            )
+            if report:
+                self._report(IntegrityKind.NO_MAJORITY, step, _reported_names(gradients, slots))
+            state.report_error(StateDivergedError(line))
+            return
+        for d in verdict.diverged:
+            logger.warning(
+                "%s corrupt gradient reduction: %s received an averaged gradient that differs "
+                "from the majority %s at step %d in %s%s (its state was not changed by it: "
+                "it votes no and heals)",
+                state.tag(),
+                self._who(d.rank),
+                [ids[r] if r < len(ids) else r for r in verdict.majority],
+                step,
+                _names(gradients, d.slots),
+                " (it reduced a different number of tensors)" if d.count_differs else "",
+            )
+        mine = verdict.divergence_of(me)
+        if mine is None:
+            return
+        self.gradient_divergences += 1
+        if report:
+            self._report(
+                IntegrityKind.GRADIENT_DIVERGED, step, _reported_names(gradients, mine.slots)
+            )
+        state.report_error(
+            StateDivergedError(
+                f"this replica's averaged gradient differs from the majority's at step {step} "
+                f"in {_names(gradients, mine.slots)} (a corrupt reduction): it votes no and "
+                "heals at the next quorum"
+            )
+        )
 
     def _report(self, kind: IntegrityKind, step: int, tensors: tuple[str, ...]) -> None:
         """Leave this finding for the lighthouse: the quorum round sends it once,

@@ -16,7 +16,7 @@ what each part may touch is visible in one place:
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
 * the integrity check writes `integrity_report` when it finds this group's
-  state (or its heal source's) corrupt, and the quorum round sends it once,
+  state (or its heal source's, or its averaged gradient) corrupt, and the quorum round sends it once,
   with its next request, and clears it;
 * the server connection writes `replica_id` once it has its incarnation;
 * the counters (`StepCounters`) are moved by the round and the vote.
