@@ -329,6 +329,35 @@ def test_notice_arriving_while_a_leased_round_forms_fails_that_step() -> None:
     manager.shutdown()
 
 
+def test_a_notice_applied_while_an_op_is_issued_completes_that_op_at_once() -> None:
+    """The notice fails the step and aborts the group between the op's issue and its
+    tracking: the op (stranded in the retired backend) must not hold the step
+    until the collective timeout, but complete at once like the ones in flight."""
+    manager, client, _, pg = make([result(quorum_id=1, world=3)], timeout=timedelta(seconds=60))
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True  # the op never completes on its own
+    plain_allreduce = pg.allreduce
+
+    def racing(tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        work = plain_allreduce(tensors, opts)
+        client.failure_callback(
+            FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), step=0)
+        )
+        return work
+
+    pg.allreduce = racing  # type: ignore[method-assign]
+    done = threading.Event()
+    threading.Thread(
+        target=lambda: (manager.allreduce(torch.ones(1)).get_future().wait(), done.set()),
+        daemon=True,
+    ).start()
+    assert done.wait(5.0), "the op waited for its 60 s timeout"
+    assert "left the lease at step 0" in str(manager.errored()) and pg.aborted == 1
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
 def test_step_scoped_notice_fails_only_that_step() -> None:
     manager, client, _, pg = make([result(quorum_id=1, world=3)] * 3)
     manager.start_quorum()
