@@ -373,3 +373,35 @@ def test_baby_gloo_takes_the_hostname_its_childs_gloo_binds_and_advertises() -> 
 def test_hostname_must_be_a_string() -> None:
     with pytest.raises(TypeError, match="hostname must be a str"):
         ProcessGroupGloo(timeout=timedelta(seconds=1), hostname=5)  # type: ignore[arg-type]
+
+
+def test_an_op_issued_as_a_notice_aborts_the_group_does_not_wait_out_its_peers() -> None:
+    """A thread took the backend to issue an op just as an abort retired it, while an
+    earlier op still waits for a peer that will never come: letting go of the
+    backend must not run its teardown (which waits out that op's 8 s timeout) on
+    the issuing thread."""
+    import threading
+
+    from torchft_pg.process_group._staging import backend_op
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    groups = [ProcessGroupGloo(timeout=timedelta(seconds=8)) for _ in range(2)]
+    meet = [
+        threading.Thread(target=g.configure, args=(f"127.0.0.1:{store.port}/race", r, 2))
+        for r, g in enumerate(groups)
+    ]
+    for t in meet:
+        t.start()
+    for t in meet:
+        t.join(30)
+    pg = groups[0]
+    pending = pg.allreduce([torch.ones(4)])  # rank 1 never joins this op
+    issue = backend_op(pg.parent, "allreduce")  # the issuing thread's fleeting reference
+    pg.abort()  # a failure notice, on another thread in the Manager: the backend is retired
+    began = time.monotonic()
+    issue([torch.ones(4)])
+    del issue  # the issuing thread lets go of the retired backend
+    assert time.monotonic() - began < 4.0  # not the 8 s of the pending op
+    with pytest.raises(ProcessGroupAbortedError):
+        pending.wait()
+    groups[1].abort()

@@ -26,6 +26,26 @@ def test_retired_object_is_destroyed_on_the_reaper_thread() -> None:
     assert done.wait(5.0)
 
 
+def test_a_reference_held_elsewhere_is_let_go_before_the_teardown_runs() -> None:
+    """A thread that still holds the retired object (it was issuing an op on it) must
+    not be the one whose release runs the slow teardown: the reaper waits for it."""
+    done = threading.Event()
+    torn_on: list[str] = []
+
+    class Backend:
+        def __del__(self) -> None:
+            torn_on.append(threading.current_thread().name)
+            done.set()
+
+    fleeting = Backend()
+    holder = [fleeting]
+    _reaper.retire(holder)
+    assert not done.wait(0.2)  # held here: not torn down yet
+    del fleeting  # this thread lets go: the teardown runs on the reaper's thread
+    assert done.wait(5.0)
+    assert torn_on == ["torchft_pg-reaper"]
+
+
 def test_exit_waits_for_a_teardown_in_progress(tmp_path: Path) -> None:
     marker = tmp_path / "torn_down"
     code = f"""

@@ -11,6 +11,13 @@ process from Gloo's I/O thread). At interpreter exit the teardowns in progress
 are waited for (at most `EXIT_DRAIN_S` seconds together), so no backend is
 half torn down on a daemon thread while the interpreter finalizes.
 
+A thread may still hold a fleeting reference when a backend is retired (one
+that took the group's backend to issue an op just as a failure notice aborted
+it): had the teardown dropped its own reference first, the destruction, which
+waits out the backend's pending ops (the op timeout, 30 s and more), would run
+on that thread when it let go, stalling its step. So the teardown waits, at
+most `HANDOFF_S` seconds, until it holds the only reference.
+
 The backlog is bounded (``MAX_BACKLOG`` backends): a caller that reconfigures
 faster than old backends can be torn down (a loaded machine, a reconfigure
 storm) waits for the reaper instead of piling up every old backend's I/O
@@ -20,6 +27,7 @@ threads (seen: thousands of threads in one process).
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 import time
 from typing import Any
@@ -28,13 +36,20 @@ _threads: set[threading.Thread] = set()  # teardowns in progress
 _lock = threading.Lock()
 EXIT_DRAIN_S = 10.0
 MAX_BACKLOG = 8
+HANDOFF_S = 5.0  # how long a teardown waits for other holders to let go (s)
+_HANDOFF_POLL_S = 0.001
 _backlog = threading.BoundedSemaphore(MAX_BACKLOG)
 
 
 def _tear_down(holder: list[Any]) -> None:
     try:
-        item = holder.pop()  # now the only reference is this local
-        del item, holder
+        item = holder.pop()
+        del holder
+        deadline = time.monotonic() + HANDOFF_S
+        # 2: this local and getrefcount's own argument; any more is another holder
+        while sys.getrefcount(item) > 2 and time.monotonic() < deadline:
+            time.sleep(_HANDOFF_POLL_S)
+        del item  # the last reference, here, unless a holder kept it past HANDOFF_S
     finally:
         with _lock:
             _threads.discard(threading.current_thread())
