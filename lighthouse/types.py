@@ -151,6 +151,25 @@ class IntegrityReport:
     tensors: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, kw_only=True)
+class CollectivesDone:
+    """A cross-replica collective of a rank completed at ``step`` of the quorum
+    (``epoch``, ``quorum_id``): every replica group of that quorum had begun
+    that step, which is what a leased round needs to know of the slowest
+    holder (``lighthouse.replica.lease_holder``), without asking the lighthouse.
+
+    Attributes:
+        epoch: the lighthouse epoch of the quorum (at most
+            ``validate.MAX_ID_CHARS`` characters).
+        quorum_id: the quorum's id (>= 0).
+        step: the step the collective belonged to (>= 0).
+    """
+
+    epoch: str
+    quorum_id: int
+    step: int
+
+
 @dataclass(frozen=True)
 class QuorumMember:
     """One replica group's registration for a quorum.
@@ -263,6 +282,9 @@ class ManagerQuorumRequest:
             step time less how long the step's last cross-replica allreduce
             waited for the other groups (finite, 0 <= busy_ms <= step_time_ms;
             0 = unknown). Stragglers are told by it.
+        collectives_done: the latest step at which a cross-replica collective of
+            this rank completed, and its quorum (None: none yet): a leased
+            round may follow that step without the lighthouse's floor.
     """
 
     group_rank: int
@@ -276,6 +298,7 @@ class ManagerQuorumRequest:
     heal: HealReport | None = None
     integrity: IntegrityReport | None = None
     busy_ms: float = 0.0
+    collectives_done: CollectivesDone | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from lighthouse.types import (
+    CollectivesDone,
     HealReport,
     IntegrityKind,
     IntegrityReport,
@@ -155,7 +156,23 @@ def check_manager_quorum_request(req: ManagerQuorumRequest) -> ManagerQuorumRequ
         check_heal_report(req.heal)
     if req.integrity is not None:
         check_integrity_report(req.integrity)
+    if req.collectives_done is not None:
+        check_collectives_done(req.collectives_done)
     return req
+
+
+def check_collectives_done(done: CollectivesDone) -> CollectivesDone:
+    """``TypeError`` or ``ValueError`` naming the field and the value."""
+    if not isinstance(done, CollectivesDone):
+        raise TypeError(f"collectives_done must be a CollectivesDone, got {done!r}")
+    if not isinstance(done.epoch, str) or len(done.epoch) > MAX_ID_CHARS:
+        raise ValueError(
+            f"collectives_done.epoch must be a str of at most {MAX_ID_CHARS} characters, "
+            f"got {done.epoch!r:.80}"
+        )
+    _check_int("collectives_done.quorum_id", done.quorum_id)
+    _check_int("collectives_done.step", done.step)
+    return done
 
 
 def check_busy_ms(busy_ms: float, step_time_ms: float) -> float:

@@ -19,6 +19,7 @@ from google.protobuf.message import DecodeError
 from lighthouse import validate
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
+    CollectivesDone,
     FailureNotice,
     HealReport,
     IntegrityKind,
@@ -412,6 +413,11 @@ def encode_manager_quorum_request(req: ManagerQuorumRequest) -> bytes:
         _heal_to_pb(req.heal, out.heal)
     if req.integrity is not None:
         _integrity_to_pb(req.integrity, out.integrity)
+    if req.collectives_done is not None:
+        done = req.collectives_done
+        out.collectives_done.epoch = done.epoch
+        out.collectives_done.quorum_id = done.quorum_id
+        out.collectives_done.step = done.step
     return _serialized(out)
 
 
@@ -435,6 +441,13 @@ def decode_manager_quorum_request(data: bytes, timeout: timedelta) -> ManagerQuo
         heal=_heal_from_pb(r.heal) if r.HasField("heal") else None,
         integrity=_integrity_from_pb(r.integrity) if r.HasField("integrity") else None,
         busy_ms=r.busy_ms,
+        collectives_done=CollectivesDone(
+            epoch=r.collectives_done.epoch,
+            quorum_id=r.collectives_done.quorum_id,
+            step=r.collectives_done.step,
+        )
+        if r.HasField("collectives_done")
+        else None,
     )
     return validate.check_manager_quorum_request(req)
 

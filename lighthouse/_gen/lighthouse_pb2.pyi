@@ -190,7 +190,7 @@ class LivenessEvent(_message.Message):
     def __init__(self, epoch: _Optional[str] = ..., failure: _Optional[_Union[FailureNotice, _Mapping]] = ..., recall: _Optional[_Union[LeaseRecall, _Mapping]] = ..., floor: _Optional[_Union[LeaseFloor, _Mapping]] = ..., heartbeat_timeout_ms: _Optional[int] = ..., waiting: _Optional[_Union[QuorumWait, _Mapping]] = ...) -> None: ...
 
 class ManagerQuorumRequest(_message.Message):
-    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal", "integrity", "busy_ms")
+    __slots__ = ("group_rank", "step", "checkpoint_metadata", "shrink_only", "init_sync", "commit_failures", "step_time_ms", "heal", "integrity", "busy_ms", "collectives_done")
     GROUP_RANK_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_METADATA_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class ManagerQuorumRequest(_message.Message):
     HEAL_FIELD_NUMBER: _ClassVar[int]
     INTEGRITY_FIELD_NUMBER: _ClassVar[int]
     BUSY_MS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_DONE_FIELD_NUMBER: _ClassVar[int]
     group_rank: int
     step: int
     checkpoint_metadata: str
@@ -211,7 +212,18 @@ class ManagerQuorumRequest(_message.Message):
     heal: HealReport
     integrity: IntegrityReport
     busy_ms: float
-    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ..., busy_ms: _Optional[float] = ...) -> None: ...
+    collectives_done: CollectivesDone
+    def __init__(self, group_rank: _Optional[int] = ..., step: _Optional[int] = ..., checkpoint_metadata: _Optional[str] = ..., shrink_only: _Optional[bool] = ..., init_sync: _Optional[bool] = ..., commit_failures: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., integrity: _Optional[_Union[IntegrityReport, _Mapping]] = ..., busy_ms: _Optional[float] = ..., collectives_done: _Optional[_Union[CollectivesDone, _Mapping]] = ...) -> None: ...
+
+class CollectivesDone(_message.Message):
+    __slots__ = ("epoch", "quorum_id", "step")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    epoch: str
+    quorum_id: int
+    step: int
+    def __init__(self, epoch: _Optional[str] = ..., quorum_id: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class ManagerQuorumResponse(_message.Message):
     __slots__ = ("quorum_id", "epoch", "recover_src_manager_address", "recover_src_replica_rank", "recover_dst_replica_ranks", "store_address", "max_step", "max_replica_rank", "max_world_size", "replica_rank", "replica_world_size", "heal", "commit_failures", "replica_ids", "recover_src_checkpoint_metadata")

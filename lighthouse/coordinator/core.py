@@ -119,6 +119,7 @@ class LighthouseCore:
             BusyWindows(config.straggler_window) if config.straggler_window > 0 else None
         )
         self._last_straggler_check = float("-inf")
+        self._last_tick: float | None = None  # when the previous tick ran
         self.last_straggler: Straggler | None = None  # the latest verdict, for /status
 
     # -- requests ----------------------------------------------------------------------
@@ -402,8 +403,26 @@ class LighthouseCore:
 
     # -- deciding ------------------------------------------------------------------------
     def tick(self) -> None:
-        """Periodic: expire silent replicas (heartbeat timeout fallback), re-decide."""
-        dead = self.state.prune(self.clock.now(), self.config.heartbeat_timeout_s)
+        """Periodic: expire silent replicas (heartbeat timeout fallback), re-decide.
+
+        A tick that comes ``PAUSE_FRACTION`` of the heartbeat timeout or more after
+        the previous one means the lighthouse itself did not run meanwhile (a
+        SIGSTOP, a starved or suspended host): the replicas' pings wait unread in
+        its sockets, so their silence is its own, and nobody is declared dead
+        for it."""
+        now = self.clock.now()
+        last, self._last_tick = self._last_tick, now
+        paused = last is not None and now - last >= PAUSE_FRACTION * self.config.heartbeat_timeout_s
+        if paused:
+            assert last is not None
+            log.warning(
+                "the lighthouse did not run for %.1f s (stopped or starved): every replica "
+                "counts as alive now, and their pings sent meanwhile are read next",
+                now - last,
+            )
+            self.state.forgive_silence(now)
+            self.lease.forgive_silence(now)
+        dead = self.state.prune(now, self.config.heartbeat_timeout_s)
         for rid in dead:
             for q in self.streams.pop(rid, ()):
                 q.put_nowait(b"")  # ask its stream handler to hang up
@@ -736,6 +755,9 @@ class LighthouseCore:
 
 
 STRAGGLER_CHECK_PERIOD_S = 1.0  # how often the straggler detector runs (on the tick)
+# A gap between two ticks of this fraction of the heartbeat timeout means the
+# lighthouse was not running (ticks come every 100 ms by default).
+PAUSE_FRACTION = 0.5
 IMBALANCE_WARN_RATIO = 1.5  # slowest step time over the median that is worth a warning
 WAIT_TELL_PERIOD_S = 2.0  # a waiting asker hears new words of the same rule at most this often
 

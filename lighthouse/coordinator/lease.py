@@ -93,6 +93,12 @@ class QuorumLease:
             return self._raise_floor()
         return None
 
+    def forgive_silence(self, now: float) -> None:
+        """The lighthouse did not run for a while: how long a holder has seemed
+        behind counts from ``now``, not from before the pause."""
+        if self.holders:
+            self._top_since = now
+
     def floor_event(self, epoch: str) -> LeaseFloor:
         return LeaseFloor(epoch, self.lease_id, self.floor)
 

@@ -299,6 +299,12 @@ class QuorumState:
         self.seen[replica_id] = now
         self.seen.move_to_end(replica_id)
 
+    def forgive_silence(self, now: float) -> None:
+        """The lighthouse itself did not run for a while (stopped, starved): nobody's
+        silence meanwhile is theirs, so every replica counts as seen ``now``."""
+        for rid in self.seen:
+            self.seen[rid] = now
+
     def request(self, member: QuorumMember, now: float) -> None:
         """``member`` asks for a quorum at ``now``; a repeated ask replaces the old one."""
         rid = member.replica_id

@@ -249,6 +249,9 @@ class GroupRounds:
         eligible = not any(
             r.shrink_only or r.commit_failures or r.integrity is not None for r in reqs
         )
+        for r in reqs:  # what the group's own collectives proved of the slowest holder
+            if r.collectives_done is not None:
+                self._lease.proven(r.collectives_done)
         generation = self._link.open_generation
         loop = asyncio.get_running_loop()
         self._round_mark = (loop.time(), generation, self._link.lighthouse_epoch)

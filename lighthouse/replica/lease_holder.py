@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from lighthouse.replica.ranks import compute_quorum_result
 from lighthouse.types import (
+    CollectivesDone,
     FailureNotice,
     LeaseFloor,
     LeaseRecall,
@@ -33,6 +34,7 @@ class _Lease:
     generation: int  # the liveness stream's generation when granted
     floor: int  # every holder started its round at this step or later
     valid_below: int | None = None  # a member left: rounds at or above it must ask
+    stream_broken: bool = False  # the lighthouse is away: no floor will come from it
     results: dict[tuple[int, bool], QuorumResult] = field(default_factory=dict)
 
 
@@ -124,7 +126,7 @@ class LeaseHolder:
             lease is not None
             and eligible
             and step == lease.next_step
-            and generation == lease.generation
+            and generation == lease.generation  # broken (None): no floor will come
             and (lease.valid_below is None or step < lease.valid_below)
             and lease.floor < step - 1
         )
@@ -136,7 +138,12 @@ class LeaseHolder:
         lease = self._lease
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while lease is self._lease and lease is not None and lease.floor < step - 1:
+        while (
+            lease is self._lease
+            and lease is not None
+            and not lease.stream_broken
+            and lease.floor < step - 1
+        ):
             left = deadline - loop.time()
             if left <= 0:
                 return
@@ -156,16 +163,39 @@ class LeaseHolder:
             lease.floor = floor.step
             self._wake()
 
+    def proven(self, done: CollectivesDone) -> None:
+        """A rank of this group completed a cross-replica collective at ``done.step``
+        of ``done``'s quorum: if that is the lease's quorum, every holder had begun
+        that step, so the floor is at least that step (on the loop). This keeps a
+        lease running while the lighthouse cannot send the floor (hung, or away)."""
+        lease = self._lease
+        if lease is None or (lease.epoch, lease.quorum.quorum_id) != (done.epoch, done.quorum_id):
+            return
+        if done.step > lease.floor:
+            lease.floor = done.step
+            self._wake()
+
     def answer(self, step: int, eligible: bool, generation: int | None) -> LeasedRound | None:
         """The leased answer for a round at ``step``, or None (and the lease is void):
         the round must follow the last leased one, be ``eligible`` (no shrink_only, no
-        commit failures) and the stream must be the one the lease was granted on."""
+        commit failures), the stream must be the one the lease was granted on or
+        broken (None), and every holder must have begun step - 1 (the floor, from
+        the lighthouse or the group's own collectives, ``proven``).
+
+        While the stream is broken the lighthouse is away (down, restarting, or
+        cut off from us): the lease keeps answering rounds whose floor the
+        group's own collectives prove, so a job whose membership does not change
+        commits on through the outage. That is safe because the holders' steps
+        are collectives among exactly the lease's members: a holder that left
+        the lease (told so by a lighthouse we cannot hear) runs none, and our
+        collective of that step then fails instead of committing."""
         lease = self._lease
         if (
             lease is None
             or not eligible
             or step != lease.next_step
-            or generation != lease.generation
+            # the stream it was granted on, or none (broken: the lighthouse is away)
+            or generation not in (lease.generation, None)
             or (lease.valid_below is not None and step >= lease.valid_below)
             or lease.floor < step - 1  # the slowest holder did not catch up in time
         ):
@@ -181,12 +211,16 @@ class LeaseHolder:
         self.leased_round = None
 
     def on_stream_broken(self) -> None:
-        """The liveness stream broke (on the loop): the lease is void (a recall may be
-        lost), so a leased round waiting for the slowest holder stops waiting and asks
-        the lighthouse. Only the lighthouse reports the floor: nothing else would end
-        that wait before the round's deadline. The leased round in progress is kept
-        for ``on_stream_reopened``."""
-        self._set(None)
+        """The liveness stream broke (on the loop): no floor comes from the lighthouse
+        any more, so a leased round waiting for it stops waiting, and goes on if the
+        group's own collectives prove the floor (``answer``), else asks the
+        lighthouse. The lease stays until the stream reopens (``on_stream_reopened``),
+        which voids it."""
+        if self._lease is not None:
+            self._lease.stream_broken = True
+        self._wake()
+        with self._changed:
+            self._changed.notify_all()
 
     def on_stream_reopened(self, replica_id: str, resolved_step: int) -> FailureNotice | None:
         """The liveness stream opened again (on the loop); the lease is void. Returns the

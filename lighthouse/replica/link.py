@@ -57,6 +57,7 @@ T = TypeVar("T")
 RETRY_FAST_S = 0.05  # seconds between attempts during the first second of an outage
 RETRY_FAST_FOR_S = 1.0  # how long an outage is retried at the fast pace (seconds)
 RETRY_MAX_S = 0.5  # the slowest pace (seconds between attempts)
+RUNNING_MARK_S = 0.1  # how often the loop marks that it runs, for `silence` (seconds)
 # A channel of its own: a fresh channel must not inherit the backoff of a shared subchannel.
 _LINK_CHANNEL_OPTIONS = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 
@@ -131,6 +132,7 @@ class LighthouseLink:
         self._epoch_cond = threading.Condition()
         self._qcall: Any = None  # the persistent QuorumStream call, reopened after errors
         self._task: asyncio.Task[None] | None = None
+        self._alive_task: asyncio.Task[None] | None = None  # marks that the loop runs
         self._live_call: Any = None  # the open liveness stream, for the leaving ping
         self._leaving = False
         self._open_now: asyncio.Event | None = None  # set while the liveness stream is open
@@ -223,6 +225,8 @@ class LighthouseLink:
         self._opened = asyncio.Event()
         self._open_now = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._liveness_loop())
+        if self._alive_task is None:
+            self._alive_task = asyncio.get_running_loop().create_task(self._mark_running())
         # Wait for the stream's acknowledgement too: a quorum lease is only taken
         # over an open stream, and a member without one while its peers hold it
         # would make them wait for a recall at its first step.
@@ -296,6 +300,8 @@ class LighthouseLink:
                 pass
         if self._task is not None:
             self._task.cancel()
+        if self._alive_task is not None:
+            self._alive_task.cancel()
         for channel in (*self._retired, self._channel):
             await channel.close()
 
@@ -310,6 +316,15 @@ class LighthouseLink:
                 timeout=timeout.total_seconds(),
             )
 
+    async def _mark_running(self) -> None:
+        """Every ``RUNNING_MARK_S``: this server's loop runs, so it pings when due. A gap
+        between two marks is a silence of ours (``silence``), unlike a ping the
+        lighthouse does not read."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self.silences.ran(loop.time())
+            await asyncio.sleep(RUNNING_MARK_S)
+
     async def _liveness_loop(self) -> None:
         loop = asyncio.get_running_loop()
         down_since: float | None = None  # loop time of the first failure since the stream was open
@@ -321,7 +336,6 @@ class LighthouseLink:
             pinger: asyncio.Task[None] | None = None
             try:
                 await call.write(ping)
-                self.silences.pinged(loop.time())
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     raise ConnectionError("lighthouse closed the liveness stream")
@@ -422,7 +436,6 @@ class LighthouseLink:
                     if self.heal is None:  # not sent: the next stream's first ping carries it
                         self.heal = heal
                     raise
-                self.silences.pinged(loop.time())
         finally:
             if timer is not None:
                 timer.cancel()

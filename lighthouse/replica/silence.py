@@ -1,18 +1,23 @@
-"""How long this replica was silent to the lighthouse: the gaps between its liveness pings.
+"""How long this replica was silent to the lighthouse: the gaps in which its manager
+server did not run.
 
 The lighthouse declares a replica dead after a heartbeat timeout of silence and
 tells the survivors, who abandon the step. A replica that was frozen (stopped,
 swapped out, a stalled event loop) for that long may wake inside the same step
 and finish it with the abandoned collective; it must not commit that step. So
-the manager server keeps the recent gaps between pings and votes no on a step
+the manager server marks every 100 ms that its event loop runs (and so pings
+when due), keeps the recent gaps between the marks, and votes no on a step
 during which it was silent for 90% of the lighthouse's timeout or more.
 
-Our silence bounds the lighthouse's from above: it measures from when our
-last ping arrived, which is after we wrote it. So a replica silent for less
-than the timeout cannot have been declared dead for silence, and a vote that
-says otherwise would only make this replica fall behind the others, who
-commit; the 10% margin covers clock-rate differences and the lighthouse's
-tick.
+A gap in the marks bounds the lighthouse's view of our silence from above
+where it is ours: a replica whose loop ran pinged in time. A replica silent
+for less cannot have been declared dead for its own silence, and a vote that
+says otherwise would only make it fall behind the others, who commit; the
+10% margin covers clock-rate differences and the lighthouse's tick. A ping
+that cannot go out because the lighthouse does not read it (stopped: its
+socket fills) is not our silence: a lighthouse that did not run declares
+nobody dead for the time it did not run (its first tick after a pause
+forgives every silence), so a job commits on through it from its lease.
 
 Plain logic on a clock's readings (seconds), no I/O.
 """
@@ -35,8 +40,8 @@ class Silences:
         self._floor_s = floor_s  # shorter gaps (regular pings) are never worth keeping
         self._gaps: deque[tuple[float, float]] = deque(maxlen=keep)  # (end, length)
 
-    def pinged(self, now: float) -> None:
-        """A ping was written at `now`."""
+    def ran(self, now: float) -> None:
+        """The manager server's loop ran at `now` (seconds)."""
         if self._last is not None and now - self._last >= self._floor_s:
             self._gaps.append((now, now - self._last))
         self._last = now

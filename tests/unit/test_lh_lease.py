@@ -180,3 +180,31 @@ def test_core_recalls_a_stalled_lease_on_its_tick() -> None:
         assert core.state.last_member["a"].step == 4
 
     run(body())
+
+
+def test_a_lighthouse_that_did_not_run_declares_nobody_dead_for_its_own_pause() -> None:
+    """Stopped (SIGSTOP) for 30 s with a 5 s heartbeat timeout: the holders' pings
+    wait unread in its sockets. Its first tick after the pause forgives every
+    silence (no death, no recall, the lease stands); a silence after it counts."""
+
+    async def body() -> None:
+        clock = FakeClock()
+        cfg = QuorumConfig(min_replicas=2, join_timeout_s=1.0, heartbeat_timeout_s=5.0)
+        core = LighthouseCore(cfg, clock, "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
+        lease_id = wire.decode_leased_quorum_response(await futs[0])[1]
+        core.tick()
+        clock.advance(30.0)  # the lighthouse is stopped: no tick, no ping read
+        core.tick()
+        assert sorted(core.state.seen) == ["a", "b"]
+        assert core.lease.holders.keys() == {"a", "b"} and core.lease.lease_id == lease_id
+        assert _events(queues["a"]) == [] and _events(queues["b"]) == []
+        for _ in range(60):  # then silent for 6 s while it runs: that silence is theirs
+            clock.advance(0.1)
+            core.tick()
+        assert core.state.seen == {}
+
+    run(body())

@@ -7,7 +7,7 @@ import asyncio
 
 from lighthouse.replica.lease_holder import LeaseHolder
 from lighthouse.replica.link import RETRY_FAST_S, RETRY_MAX_S, retry_delay
-from lighthouse.types import Quorum, QuorumMember
+from lighthouse.types import CollectivesDone, Quorum, QuorumMember
 
 GENERATION = 1
 
@@ -71,3 +71,32 @@ def test_reconnect_pace_is_fast_for_the_first_second_then_backs_off() -> None:
         delays.append(delay)
     assert delays == sorted(delays) and delays[0] > RETRY_FAST_S
     assert delays[-1] == RETRY_MAX_S
+
+
+def test_with_the_stream_broken_rounds_the_groups_collectives_prove_go_on() -> None:
+    """The lighthouse is away: no floor comes from it, but a collective of the lease's
+    quorum that completed at step s proves every holder began s, so round s + 1 is
+    answered from the lease; a proof about another quorum proves nothing."""
+    holder = _holder()
+    assert holder.answer(6, True, GENERATION) is not None
+    assert holder.must_wait(7, True, GENERATION)  # no floor for step 6 yet
+    holder.proven(CollectivesDone(epoch="ep", quorum_id=4, step=6))
+    assert not holder.must_wait(7, True, GENERATION)
+    holder.on_stream_broken()
+    assert holder.answer(7, True, None) is not None  # leased, the stream broken
+    holder.proven(CollectivesDone(epoch="ep", quorum_id=5, step=7))  # not this lease's
+    holder.proven(CollectivesDone(epoch="other", quorum_id=4, step=7))
+    assert not holder.must_wait(8, True, None)  # broken: nothing to wait for ...
+    assert holder.answer(8, True, None) is None  # ... and nothing proves step 7: void
+    assert holder.lease_id == 0
+
+
+def test_a_reopened_stream_voids_a_lease_that_ran_on_while_it_was_broken() -> None:
+    holder = _holder(("a", "b"))
+    holder.on_stream_broken()
+    holder.proven(CollectivesDone(epoch="ep", quorum_id=4, step=5))
+    assert holder.answer(6, True, None) is not None
+    notice = holder.on_stream_reopened("a", resolved_step=5)  # step 6 not decided yet
+    assert notice is not None and notice.step == 6 and notice.dead_replica_ids == ("b",)
+    assert holder.lease_id == 0
+    assert holder.answer(7, True, GENERATION + 1) is None

@@ -14,16 +14,16 @@ def test_no_pings_yet_is_no_silence() -> None:
 def test_regular_pings_leave_only_short_gaps() -> None:
     s = Silences()
     for i in range(50):
-        s.pinged(i * 0.1)
+        s.ran(i * 0.1)
     assert s.longest_since(1.0, 4.95) < 0.25  # regular pings: only the one still going
 
 
 def test_a_freeze_inside_the_window_counts_whole_and_one_before_it_is_clipped() -> None:
     s = Silences()
-    s.pinged(0.0)
-    s.pinged(0.1)
-    s.pinged(4.1)  # frozen from 0.1 to 4.1
-    s.pinged(4.2)
+    s.ran(0.0)
+    s.ran(0.1)
+    s.ran(4.1)  # frozen from 0.1 to 4.1
+    s.ran(4.2)
     assert s.longest_since(0.0, 4.3) == pytest.approx(4.0)
     assert s.longest_since(3.0, 4.3) == pytest.approx(1.1)  # only its part after the start
     assert s.longest_since(4.15, 4.3) == pytest.approx(0.1)
@@ -32,7 +32,7 @@ def test_a_freeze_inside_the_window_counts_whole_and_one_before_it_is_clipped() 
 def test_the_silence_still_going_counts() -> None:
     # Frozen, then woken: the commit is handled before the pinger ran again.
     s = Silences()
-    s.pinged(1.0)
+    s.ran(1.0)
     assert s.longest_since(0.5, 5.0) == pytest.approx(4.0)
 
 

@@ -12,6 +12,7 @@ import pytest
 from lighthouse import validate, wire
 from lighthouse._gen import lighthouse_pb2 as pb
 from lighthouse.types import (
+    CollectivesDone,
     FailureNotice,
     HealReport,
     IntegrityKind,
@@ -457,3 +458,20 @@ def test_busy_ms_out_of_range_is_refused_naming_the_field(
         wire.decode_liveness_ping_report(ping.SerializeToString())
     with pytest.raises(TypeError, match="busy_ms must be a float"):
         wire.encode_manager_quorum_request(replace(REQUEST, busy_ms="1"))  # type: ignore[arg-type]
+
+
+def test_the_collectives_done_proof_travels_on_the_manager_request_and_is_checked() -> None:
+    done = CollectivesDone(epoch="ep1", quorum_id=4, step=17)
+    req = replace(REQUEST, collectives_done=done)
+    data = wire.encode_manager_quorum_request(req)
+    assert wire.decode_manager_quorum_request(data, req.timeout).collectives_done == done
+    plain = wire.encode_manager_quorum_request(REQUEST)  # unset: no proof
+    assert wire.decode_manager_quorum_request(plain, req.timeout).collectives_done is None
+    raw = pb.ManagerQuorumRequest(step=3)
+    raw.collectives_done.step = -1
+    with pytest.raises(ValueError, match=r"collectives_done\.step"):
+        wire.decode_manager_quorum_request(raw.SerializeToString(), req.timeout)
+    with pytest.raises(ValueError, match=r"collectives_done\.epoch"):
+        wire.encode_manager_quorum_request(
+            replace(REQUEST, collectives_done=replace(done, epoch="e" * 300))
+        )

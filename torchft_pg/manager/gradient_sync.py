@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch.distributed import ReduceOp, Work
 
+from lighthouse.types import CollectivesDone
 from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.futures import ProxyFuture
 from torchft_pg.manager.gradient_digests import GradientDigests
@@ -201,6 +202,8 @@ class GradientSync:
             divisor = max(participation.world_size, 1)
             # keyed by call order, taken on the caller's thread: the same on every group
             slot = self._digests.slot() if self._digests is not None else None
+            view = self._state.step_view()
+            done_at = CollectivesDone(epoch=view.epoch, quorum_id=view.quorum_id, step=view.step)
             submitted = self._clock()
             if scheme is not None:
                 work, reduced = quantized_sum(self._pg, private, scheme)
@@ -220,6 +223,7 @@ class GradientSync:
 
         def finish(_: Any) -> torch.Tensor:
             self._state.peer_wait_ms = (self._clock() - submitted) * 1000.0
+            self._state.collectives_done = done_at  # every member had begun this step
             into_tensor()
             if slot is not None and self._digests is not None:
                 self._digests.record(slot, tensor, reduce_op)  # what the optimizer applies

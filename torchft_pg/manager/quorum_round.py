@@ -216,6 +216,7 @@ class QuorumRound:
             heal=heal,
             integrity=integrity,
             busy_ms=min(self._state.busy_ms, self._state.step_time_ms),
+            collectives_done=self._state.collectives_done,
         )
 
     # -- the result ----------------------------------------------------------------

@@ -11,8 +11,9 @@ what each part may touch is visible in one place:
   `pg_lock`, together with the process group they describe), `participation`,
   `healing`, `step_time_ms`, `busy_ms` and what the integrity check reads of the
   quorum (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
-* the gradient sync writes `peer_wait_ms` as each allreduce completes (the
-  quorum round reads it, and clears it, when the next step starts);
+* the gradient sync writes `peer_wait_ms` and `collectives_done` as each
+  allreduce completes (the quorum round reads the first, and clears it, when
+  the next step starts, and sends the second with every request);
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
 * the integrity check writes `integrity_report` when it finds this group's
@@ -28,7 +29,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from lighthouse.types import IntegrityReport
+from lighthouse.types import CollectivesDone, IntegrityReport
 from torchft_pg.errors import ExceptionWithTraceback
 from torchft_pg.manager.participation import NOT_STARTED, Participation
 from torchft_pg.manager.step_counters import StepCounters
@@ -91,6 +92,10 @@ class StepState:
     # The integrity check's latest finding against this group (or its heal source),
     # for the lighthouse: sent once, with the next quorum request (None: none).
     integrity_report: IntegrityReport | None = None
+    # The latest step at which a cross-replica allreduce of this rank completed, and
+    # on which quorum: every group of that quorum had begun that step, so a leased
+    # round may follow it without the lighthouse (None: none yet).
+    collectives_done: CollectivesDone | None = None
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
     # -- the step's failure --------------------------------------------------------
