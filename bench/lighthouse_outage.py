@@ -9,9 +9,11 @@ port, the same state file) waiting to take over. Membership does not change,
 so a job that outlives its coordinator keeps committing through both outages.
 
 Per phase: the job's commits per second (each group's committed steps, summed,
-over the phase's length), and after each outage the seconds from the lighthouse
-being back to every group having committed again, and whether the groups'
-quorum changed across it (a spurious new quorum reconfigures every group).
+over the phase's length), and after each outage the quorum the groups commit
+in by the end of the next phase (the current one): whether it is a new one (a
+new quorum reconfigures every group; a restarted lighthouse has a new epoch,
+so its first quorum is new), and the seconds from the lighthouse being back
+to every group committing in it.
 
     python bench/lighthouse_outage.py [--outage-s 30] [--replicas 2]
 
@@ -121,6 +123,22 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
                 seen[index] = quorum
         return set(seen.values())
 
+    def settled(phase_index: int, back: float, until: float, before: set[Any]) -> None:
+        """After the outage ending at ``back``: the quorum each group last committed in
+        by ``until`` (the current one), whether it differs from ``before``, and how
+        long after ``back`` every group committed in it (None: not all did)."""
+        last: dict[int, Any] = {}
+        for kind, index, at, ok, quorum in events:
+            if kind == "step" and ok and back < at <= until:
+                last[index] = quorum
+        first: dict[int, float] = {}
+        for kind, index, at, ok, quorum in events:
+            if kind == "step" and ok and back < at <= until and quorum == last.get(index):
+                first.setdefault(index, at)
+        p = report.phases[phase_index]
+        p.quorum_changed = set(last.values()) != before
+        p.back_to_all_committing_s = max(first.values()) - back if len(first) == replicas else None
+
     def all_committing_after(t: float, limit_s: float) -> float | None:
         deadline = time.time() + limit_s
         while True:
@@ -163,9 +181,8 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
         phase("frozen (SIGSTOP)", outage_s)
         os.kill(lh.proc.pid, signal.SIGCONT)
         back = time.time()
-        report.phases[-1].back_to_all_committing_s = all_committing_after(back, 60)
-        report.phases[-1].quorum_changed = quorum_at(back, after=True) != before
         phase("up again", up_s)
+        settled(-2, back, time.time(), before)
 
         # Down: killed, kept down, restarted on the same address and state file.
         before = quorum_at(time.time(), after=False)
@@ -173,9 +190,8 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
         phase("down (killed)", outage_s)
         lh = _Lighthouse(port, state_file)
         back = lh.listening_at
-        report.phases[-1].back_to_all_committing_s = all_committing_after(back, 60)
-        report.phases[-1].quorum_changed = quorum_at(back, after=True) != before
         phase("up after restart", up_s)
+        settled(-2, back, time.time(), before)
 
         # Killed with a standby waiting on the same state file.
         standby = subprocess.Popen(
@@ -207,8 +223,7 @@ def run(replicas: int = 2, outage_s: float = 30.0, up_s: float = 10.0) -> Outage
         killed = time.time()
         lh.kill()
         phase("standby takes over", up_s)
-        report.phases[-1].back_to_all_committing_s = all_committing_after(killed, 60)
-        report.phases[-1].quorum_changed = quorum_at(killed, after=True) != before
+        settled(-1, killed, time.time(), before)
     finally:
         if standby is not None and standby.poll() is None:
             standby.kill()
