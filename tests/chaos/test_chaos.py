@@ -7,7 +7,9 @@ same state after it (per-step digests), nothing hangs (no event for the
 run's stall bound),
 every replica ends bit-identical, and the oracle's replay of the committed
 history (the participants' batches, averaged as DDP and the Manager do)
-reaches every committed step's digest bit for bit. Faults land in every phase of a step (forward,
+reaches every committed step's digest bit for bit; every rank also draws its
+step's dataset indices from an `ExactlyOnceBatchSampler` on its Manager, and
+the committed steps must use every sample once per epoch. Faults land in every phase of a step (forward,
 allreduce, commit vote, configure, heal on both sides), on every replica
 (replica 0 included), in one rank of a group, as a SIGSTOP freeze, and
 overlapping. Faults that stop nothing join them: a flipped bit in one
@@ -36,6 +38,8 @@ pytestmark = pytest.mark.timeout(RUN_BOUND_S + 60)  # the soaks mark their own
 def _check(report: ChaosReport) -> None:
     assert report.ok, "\n".join(report.failures)
     assert report.oracle_steps == min(report.final_steps.values())  # the oracle ran
+    # ... and the data-plan oracle, over at least one sample per committed step
+    assert report.data_samples >= report.oracle_steps > 0
 
 
 def test_short_plan_with_ten_kills_and_other_faults() -> None:
@@ -374,11 +378,14 @@ def test_soak_multi_rank_groups_with_partial_kills() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1300)  # the run's own deadline is 1200 s
 def test_soak_corruptions_and_stragglers_among_every_other_fault() -> None:
-    """Flipped bits and stragglers at random steps among kills, phase kills, freezes,
-    delays and lighthouse restarts: each corruption caught within the check's
-    interval and replayed, each straggler left out and back, the oracle bit-exact."""
+    """Flipped bits, stragglers and the lighthouse frozen or down at random steps among
+    kills, phase kills, freezes, delays and lighthouse restarts (some overlapping: a
+    death while the lighthouse is away): each corruption caught within the check's
+    interval and replayed, each straggler left out and back, the job committing
+    through every lighthouse absence, the oracle bit-exact."""
     kinds: list[Fault] = [k for k in (*PHASE_FAULTS, *CLASSIC_FAULTS) if k != Fault.KILL_BABY_CHILD]
     kinds += list(HEALTH_FAULTS) * 4  # about a third of the other faults
+    kinds += [Fault.FREEZE_LIGHTHOUSE, Fault.LIGHTHOUSE_OUTAGE] * 2  # the lighthouse away
     plan = FaultPlan.random(
         seed=29,
         replicas=4,
@@ -390,6 +397,8 @@ def test_soak_corruptions_and_stragglers_among_every_other_fault() -> None:
         overlaps=12,
     )
     assert plan.count(Fault.CORRUPT_STATE) >= 15 and plan.count(Fault.STRAGGLE) >= 10
+    away = plan.count(Fault.FREEZE_LIGHTHOUSE) + plan.count(Fault.LIGHTHOUSE_OUTAGE)
+    assert away >= 15
     report = run_chaos(
         _health(
             ChaosConfig(
@@ -404,6 +413,8 @@ def test_soak_corruptions_and_stragglers_among_every_other_fault() -> None:
     )
     _check(report)
     _check_health(report, plan)
+    assert len(report.lighthouse_away) == away, report.lighthouse_away
+    assert all(commits > 0 for *_, commits in report.lighthouse_away), report.lighthouse_away
 
 
 def test_every_group_required_restarted_groups_rejoin() -> None:
@@ -512,6 +523,30 @@ def test_a_flipped_bit_is_caught_healed_and_replayed_and_a_straggler_comes_and_g
     report = run_chaos(_health(ChaosConfig(replicas=3, steps=30, plan=plan, verbose=False)))
     _check(report)
     _check_health(report, plan)
+
+
+def test_the_job_commits_through_a_frozen_and_a_downed_lighthouse_with_a_death_in_one() -> None:
+    """The lighthouse freezes (its loop blocked, sockets open) and later goes down and
+    comes back restarted, each for longer than its heartbeat timeout; a replica is
+    killed while it is down. Through both the replicas commit from their lease; the
+    killed one comes back once a quorum can be formed."""
+    plan = FaultPlan(
+        {
+            (0, 5): Fault.FREEZE_LIGHTHOUSE,
+            (1, 14): Fault.LIGHTHOUSE_OUTAGE,
+            (2, 14): Fault.KILL_REPLICA,
+        }
+    )
+    report = run_chaos(
+        ChaosConfig(replicas=3, steps=30, plan=plan, heartbeat_timeout_ms=2000, verbose=False)
+    )
+    _check(report)
+    kinds = [(fault, commits > 0) for fault, _, commits in report.lighthouse_away]
+    assert kinds == [("freeze_lighthouse", True), ("lighthouse_outage", True)], (
+        report.lighthouse_away
+    )
+    assert all(seconds >= 3.0 for _, seconds, _ in report.lighthouse_away)
+    assert report.kills == 1 and report.restarts == 1
 
 
 def test_a_corrupt_two_rank_group_is_caught_on_every_rank() -> None:

@@ -59,6 +59,14 @@ class ChaosConfig:
     # 0: off), the first quarantine's length (ms; None: its default).
     straggler_window: int | None = None
     quarantine_base_ms: int | None = None
+    # FREEZE_LIGHTHOUSE / LIGHTHOUSE_OUTAGE: how long the lighthouse is away. None: its
+    # heartbeat timeout plus 1 s, so it also has to forgive the silence it caused.
+    lighthouse_away_s: float | None = None
+    # The data-plan oracle: every rank draws its step's indices from an
+    # ExactlyOnceBatchSampler on its Manager over `data_size` samples, `data_batch`
+    # per rank; the committed steps must use every sample once per epoch.
+    data_size: int = 97
+    data_batch: int = 3
     straggle_s: float = 0.25  # STRAGGLE: seconds added to each of the straggler's steps ...
     straggle_steps: int = 200  # ... for at most this many of its steps
     verbose: bool = True
@@ -90,6 +98,9 @@ class ChaosReport:
     kills: int = 0  # replica groups that died (one per incarnation)
     restarts: int = 0
     lighthouse_restarts: int = 0
+    # every FREEZE_LIGHTHOUSE and LIGHTHOUSE_OUTAGE: (fault, seconds away, commits the
+    # replicas made meanwhile)
+    lighthouse_away: list[tuple[str, float, int]] = field(default_factory=list)
     kill_to_survivor_commit_s: list[float] = field(default_factory=list)
     restart_to_commit_s: list[float] = field(default_factory=list)
     library_start_s: list[float] = field(
@@ -113,6 +124,7 @@ class ChaosReport:
     # DiLoCo: every heal, (replica, incarnation, outer step healed to, source replica)
     heals: list[tuple[int, int, int, int]] = field(default_factory=list)
     oracle_steps: int = 0  # committed (outer) steps the oracle replayed (0: it did not run)
+    data_samples: int = 0  # samples the committed steps used (the data-plan oracle)
     oracle_max_error: float = 0.0  # largest |replica - replay| over the final floats
     # largest relative error of a reported loss or gradient norm against the replay's
     oracle_max_loss_error: float = 0.0

@@ -67,7 +67,8 @@ class Contribution(Event):
     `sent_norm`: the L2 norm of what it sends (its gradient bucket; 0 for zeros);
     `state_digest`: the digest of the state its gradient was taken at (before its
     forward), which the oracle matches with the committed state or a known
-    corruption of it.
+    corruption of it. `indices`: what an `ExactlyOnceBatchSampler` on this
+    rank's Manager gave it for the step (the data-plan oracle).
     """
 
     quorum: str  # "epoch/quorum id"
@@ -78,6 +79,10 @@ class Contribution(Event):
     loss: float
     sent_norm: float = 0.0
     state_digest: str | None = None
+    # the data-plan oracle: this rank's place among the step's participants (None:
+    # it does not take part) and the dataset indices its sampler gave it for the step
+    participant_rank: int | None = None
+    indices: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,10 +159,13 @@ class Error(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Release:
-    """Supervisor -> rank: the faults planned at `planned_step` may fire from `fire_at` on."""
+    """Supervisor -> rank: the faults planned at `planned_step` may fire from `fire_at` on;
+    those of the group that do not happen to the lighthouse `others_after` steps
+    later (so that a kill lands while the lighthouse is away)."""
 
     planned_step: int
     fire_at: int
+    others_after: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

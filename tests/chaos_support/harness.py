@@ -35,7 +35,15 @@ from tests.chaos_support.events import (
     StraggleEnded,
 )
 from tests.chaos_support.exact_sum import ExactSumProcessGroup
-from torchft_pg.chaos import Action, Fault, FaultInjectingManager, FaultPlan, Phase, ReplicaFaults
+from torchft_pg.chaos import (
+    LIGHTHOUSE_FAULTS,
+    Action,
+    Fault,
+    FaultInjectingManager,
+    FaultPlan,
+    Phase,
+    ReplicaFaults,
+)
 from torchft_pg.checkpointing import CheckpointTransport, HTTPTransport, PGTransport
 from torchft_pg.manager.integrity_check import DEFAULT_CHECK_EVERY
 from torchft_pg.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
@@ -77,6 +85,10 @@ class TrainerConfig:
     integrity_check_every: int | None = DEFAULT_CHECK_EVERY
     straggle_s: float = 0.25  # STRAGGLE: seconds added to each step ...
     straggle_steps: int = 200  # ... for at most this many steps
+    # The data-plan oracle: the dataset an ExactlyOnceBatchSampler draws from (samples)
+    # and each rank's batch of it per step.
+    data_size: int = 97
+    data_batch: int = 3
 
 
 class Events(Protocol):
@@ -213,7 +225,9 @@ class RankHarness:
         while self.commands is not None and self.commands.poll():
             message = self.commands.recv()
             if isinstance(message, Release):
-                self.released[message.planned_step] = message.fire_at
+                mine = self.config.plan.faults.get((self.config.replica, message.planned_step))
+                later = message.others_after if mine not in LIGHTHOUSE_FAULTS else 0
+                self.released[message.planned_step] = message.fire_at + later
             elif isinstance(message, Finish):
                 self.finish_at = message.at_step
 

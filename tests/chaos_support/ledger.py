@@ -217,6 +217,32 @@ class Ledger:
                     f"its rank {d.group_rank} died in {d.phase} of that step, before voting"
                 )
 
+    def data_stream(self, final_step: int, group_world_size: int) -> tuple[list[int], list[str]]:
+        """The dataset indices the committed steps 0..final_step-1 used, in stream order
+        (by step, then participant rank, then group rank), from the participants'
+        contributions to the committing quorum; and what made that impossible."""
+        stream: list[int] = []
+        problems: list[str] = []
+        for s in range(final_step):
+            parts: list[tuple[int, int, tuple[int, ...]]] = []
+            for g in range(group_world_size):
+                commit = self._steps.get((s, g))
+                if commit is None:
+                    problems.append(f"data: no commit of step {s} by group rank {g}")
+                    continue
+                for replica, c in self._contributions.get((commit.quorum, s, g), {}).items():
+                    if not c.participating:
+                        continue
+                    if c.participant_rank is None:
+                        problems.append(
+                            f"data: step {s}: replica {replica} took part with no participant rank"
+                        )
+                        continue
+                    parts.append((c.participant_rank, g, c.indices))
+            for _, _, indices in sorted(parts):
+                stream.extend(indices)
+        return stream, problems
+
     def history(self, final_step: int, group_rank: int = 0) -> tuple[History | None, list[str]]:
         """The committed steps 0..final_step-1 of `group_rank`'s process group with
         their participants, or why there is none."""

@@ -6,7 +6,7 @@ previous one fired and the job recovered: every replica committed, with every
 replica taking part, a step past the last disruption (a fault fired, a rank
 died or froze or resumed, a group restarted), and no replica is held: a
 replica whose state was corrupted, until it was caught and healed, or a
-straggler, until it keeps pace again. Recovery is judged by steps,
+straggler, until it keeps pace again, and the lighthouse is not away. Recovery is judged by steps,
 not by the order events arrive in, because events of different ranks come
 over different pipes. After the last group the ranks are told where to stop.
 """
@@ -14,13 +14,17 @@ over different pipes. After the last group the ranks are told where to stop.
 from __future__ import annotations
 
 from tests.chaos_support.events import Finish, Release
-from torchft_pg.chaos.plan import FaultPlan
+from torchft_pg.chaos.plan import Fault, FaultPlan
 
 __all__ = ["FaultSchedule"]
 
 # Steps between the highest committed step seen and the step a message names, so
 # that every rank reads it (it polls once per step) before it reaches that step.
 MARGIN = 2
+# In a group with the lighthouse going away, the other faults fire this many steps
+# after it went: while it is away (the job commits on from its lease meanwhile).
+WHILE_AWAY = 10
+_AWAY = frozenset({Fault.FREEZE_LIGHTHOUSE, Fault.LIGHTHOUSE_OUTAGE})
 
 
 class FaultSchedule:
@@ -37,7 +41,8 @@ class FaultSchedule:
         self.max_step = -1  # the highest committed step seen
         self.disrupted_at = -1  # the highest step a disruption happened at
         self.last_full: dict[int, int] = {}  # replica -> last step committed with everyone
-        self.held: set[int] = set()  # replicas whose health fault has not run its course
+        # replicas whose health fault has not run its course (-1: the lighthouse, away)
+        self.held: set[int] = set()
 
     def hold(self, replica: int) -> None:
         """`replica` is corrupt or straggling: no group is released until `unhold`."""
@@ -92,5 +97,10 @@ class FaultSchedule:
             fire_at = max(planned, self.max_step + MARGIN)
             self.released[planned] = fire_at
             self.next_group += 1
-            out.append(Release(planned_step=planned, fire_at=fire_at))
+            away = any(f in _AWAY for (_, s), f in self.plan.faults.items() if s == planned)
+            out.append(
+                Release(
+                    planned_step=planned, fire_at=fire_at, others_after=WHILE_AWAY if away else 0
+                )
+            )
         return out

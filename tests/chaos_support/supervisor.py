@@ -36,9 +36,11 @@ from typing import Any
 from torch.distributed import TCPStore
 
 from lighthouse import LighthouseServer
+from lighthouse._loop import background_loop
 from tests.chaos_support import diloco_oracle, oracle
 from tests.chaos_support import events as ev
 from tests.chaos_support.config import ChaosConfig, ChaosReport
+from tests.chaos_support.data_oracle import check_stream
 from tests.chaos_support.diloco_events import OuterStepEnded, TraceEvent
 from tests.chaos_support.diloco_workload import Algorithm
 from tests.chaos_support.ledger import Ledger
@@ -52,6 +54,7 @@ from torchft_pg.chaos.plan import Fault
 __all__ = ["ChaosConfig", "ChaosReport", "run_chaos"]
 
 _CTX = mp.get_context("forkserver")
+LIGHTHOUSE = -1  # what the fault schedule holds while the lighthouse is away
 # What the forkserver imports before forking replicas (`_warm`: torch's lazy
 # imports paid once). The process has one forkserver and one preload list, which
 # other modules set too at their import (tests.multiproc, the benchmarks), and
@@ -131,6 +134,13 @@ class _Run:
         self.awaiting_restart: dict[int, float] = {}  # replica -> restart time
         self.ready_at: dict[int, float] = {}  # restarted replica -> when its Manager was ready
         self.finals: dict[str, FlatState] = {}
+        self.lighthouse_away_s = (
+            config.lighthouse_away_s
+            if config.lighthouse_away_s is not None
+            else (config.heartbeat_timeout_ms or 5000) / 1000 + 1.0
+        )
+        # the lighthouse away: (fault, since, back at, commits then); None while it is up
+        self.away: tuple[str, float, float, int] | None = None
         self.freeze_s = (
             config.freeze_s
             if config.freeze_s is not None
@@ -215,6 +225,8 @@ class _Run:
                 integrity_check_every=self.c.integrity_check_every,
                 straggle_s=self.c.straggle_s,
                 straggle_steps=self.c.straggle_steps,
+                data_size=self.c.data_size,
+                data_batch=self.c.data_batch,
             )
             proc = _CTX.Process(
                 target=_child, args=(cfg, child), daemon=True, name=f"replica{replica}.{group_rank}"
@@ -249,7 +261,43 @@ class _Run:
         self.schedule.disrupt(self.schedule.max_step)
         self.start_group(replica)
 
+    def lighthouse_goes_away(self, fault: str) -> None:
+        """FREEZE_LIGHTHOUSE: its loop blocks (sockets open, nothing answers);
+        LIGHTHOUSE_OUTAGE: it shuts down. Either way it is back `lighthouse_away_s` later."""
+        if self.away is not None:
+            return  # away already: the one in progress stands
+        now = time.time()
+        if fault == Fault.FREEZE_LIGHTHOUSE.value:
+            # The lighthouse's loop (the process's background loop, which only it uses
+            # here) sleeps: the stand-in for a SIGSTOP, in this process.
+            background_loop().call_soon_threadsafe(time.sleep, self.lighthouse_away_s)
+            self.say(f"lighthouse frozen for {self.lighthouse_away_s:.1f} s")
+        else:
+            self.harvest_lighthouse()
+            self.lighthouse.shutdown()
+            self.say(f"lighthouse down for {self.lighthouse_away_s:.1f} s")
+        self.away = (fault, now, now + self.lighthouse_away_s, self.ledger.commits)
+        self.schedule.hold(LIGHTHOUSE)  # the next fault group waits until it is back
+
+    def lighthouse_back(self) -> None:
+        assert self.away is not None
+        fault, since, _, commits = self.away
+        self.away = None
+        if fault == Fault.LIGHTHOUSE_OUTAGE.value:
+            self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
+        meanwhile = self.ledger.commits - commits
+        self.report.lighthouse_away.append((fault, time.time() - since, meanwhile))
+        self.schedule.unhold(LIGHTHOUSE, self.schedule.max_step)
+        self.say(
+            f"lighthouse back after {time.time() - since:.1f} s "
+            f"({'restarted, a new epoch' if fault == Fault.LIGHTHOUSE_OUTAGE.value else 'resumed'});"
+            f" the replicas committed {meanwhile} steps meanwhile"
+        )
+
     def restart_lighthouse(self) -> None:
+        if self.away is not None:  # frozen or down already: it comes back on its own
+            self.say("lighthouse restart skipped: it is away already")
+            return
         self.harvest_lighthouse()
         self.lighthouse.shutdown()
         self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
@@ -290,6 +338,8 @@ class _Run:
             )
             if event.fault == Fault.RESTART_LIGHTHOUSE.value:
                 self.restart_lighthouse()
+            elif event.fault in (Fault.FREEZE_LIGHTHOUSE.value, Fault.LIGHTHOUSE_OUTAGE.value):
+                self.lighthouse_goes_away(event.fault)
             elif event.fault in (Fault.CORRUPT_STATE.value, Fault.STRAGGLE.value):
                 self.schedule.hold(event.replica)  # until caught and healed, or keeping pace
                 if event.fault == Fault.STRAGGLE.value:
@@ -421,6 +471,8 @@ class _Run:
 
     def on_timers(self) -> None:
         now = time.time()
+        if self.away is not None and now >= self.away[2]:
+            self.lighthouse_back()
         for replica, (by, _) in list(self.group_down_by.items()):
             if now >= by:
                 self.kill_group_rest(replica)
@@ -441,6 +493,8 @@ class _Run:
     def next_timer(self) -> float:
         times = [by for by, _ in self.group_down_by.values()]
         times += [r.frozen[1] for r in self.ranks if r.frozen is not None]
+        if self.away is not None:
+            times.append(self.away[2])
         return min(times, default=time.time() + 5.0)
 
     def drain(self, r: _Rank) -> None:
@@ -537,6 +591,7 @@ class _Run:
             rep.failures.extend(f"oracle: {f}" for f in replayed.failures)
             return
         final_step = next(iter(rep.final_steps.values()))
+        self.check_data(final_step)
         for group_rank in range(self.c.group_world_size):
             history, problems = self.ledger.history(final_step, group_rank)
             if history is None:
@@ -553,6 +608,15 @@ class _Run:
             rep.oracle_max_error = max(rep.oracle_max_error, verdict.max_error)
             rep.oracle_max_loss_error = max(rep.oracle_max_loss_error, verdict.max_loss_error)
             rep.failures.extend(f"oracle: {f}" for f in verdict.failures)
+
+    def check_data(self, final_step: int) -> None:
+        """The data-plan oracle: the committed steps used every sample of the dataset
+        once per epoch (the last, unfinished epoch: none twice so far)."""
+        rep = self.report
+        stream, problems = self.ledger.data_stream(final_step, self.c.group_world_size)
+        rep.failures.extend(problems)
+        rep.data_samples = len(stream)
+        rep.failures.extend(check_stream(stream, self.c.data_size))
 
     def check_findings(self) -> None:
         """Every corruption caught was reported to the lighthouse by its replica, at a

@@ -32,6 +32,8 @@ from tests.chaos_support.workload import (
     state_checksum,
     state_tensors,
 )
+from torchft_pg.data import ExactlyOnceBatchSampler
+from torchft_pg.data_plan import DataPlan
 from torchft_pg.ddp import DistributedDataParallel
 from torchft_pg.optim import OptimizerWrapper
 
@@ -45,6 +47,10 @@ class _Batch:
     data_step: int = 0
     loss: float = 0.0
     state_digest: str = ""  # of the state the gradient is taken at
+    # the data-plan oracle's indices for the step (and the step and quorum they are for)
+    indices: tuple[int, ...] = ()
+    indices_step: int = -1
+    indices_quorum: int = -1
 
 
 def run_trainer(config: TrainerConfig, events: Events, commands: Commands | None = None) -> None:
@@ -86,6 +92,10 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
         assert harness is not None
         manager = harness.m
         epoch, quorum_id = manager.quorum_id()
+        if batch.indices_step != manager.current_step() or batch.indices_quorum != quorum_id:
+            assert sampler is not None
+            batch.indices = tuple(sampler.step_indices())  # the quorum is in: no wait
+            batch.indices_step, batch.indices_quorum = manager.current_step(), quorum_id
         events.put(
             Contribution(
                 **harness.who,
@@ -98,12 +108,25 @@ def _train(config: TrainerConfig, events: Events, commands: Commands | None) -> 
                 loss=batch.loss,
                 sent_norm=float(torch.cat([t.reshape(-1) for t in tensors]).norm().item()),
                 state_digest=batch.state_digest,
+                participant_rank=manager.participating_rank(),
+                indices=batch.indices,
             )
         )
 
     model, optim = workload.build()
+    sampler: ExactlyOnceBatchSampler | None = None
     harness = RankHarness(config, events, commands, on_allreduce)
     manager = harness.m
+    sampler = ExactlyOnceBatchSampler(
+        DataPlan(
+            dataset_size=config.data_size,
+            group_world_size=config.group_world_size,
+            batch_size=config.data_batch,
+            seed=config.seed,
+        ),
+        manager,
+        group_rank=config.group_rank,
+    )
     who = harness.who
     manager.register_state_dict_fn("model", model.load_state_dict, model.state_dict)
     manager.register_state_dict_fn("optim", optim.load_state_dict, optim.state_dict)

@@ -11,7 +11,8 @@ import time
 import pytest
 import torch
 
-from tests.chaos_support.events import Contribution, Corrupted, StepEnded
+from tests.chaos_support.data_oracle import check_stream
+from tests.chaos_support.events import Contribution, Corrupted, Release, StepEnded
 from tests.chaos_support.ledger import Ledger
 from tests.chaos_support.oracle import Batch, CommittedStep, Corruption, History, check
 from tests.chaos_support.schedule import FaultSchedule
@@ -315,3 +316,56 @@ def test_a_contribution_event_names_the_state_it_was_taken_at() -> None:
     history, problems = ledger.history(1)
     assert problems == [] and history is not None
     assert [b.state_digest for b in history.steps[0].batches] == ["abc"]
+
+
+def test_the_other_faults_of_a_lighthouse_group_fire_while_it_is_away() -> None:
+    plan = FaultPlan(
+        {(1, 4): Fault.LIGHTHOUSE_OUTAGE, (2, 4): Fault.KILL_REPLICA, (0, 9): Fault.DELAY}
+    )
+    s = FaultSchedule(plan, replicas=3)
+    (first,) = s.due_messages()
+    assert isinstance(first, Release) and first.others_after > 0
+    assert s.fire(1, 4, step=4) and s.fire(2, 4, step=4 + first.others_after)
+    s.hold(-1)  # the lighthouse is away: nothing more is released
+    for replica in range(3):
+        s.committed(replica, 20, 3)
+    assert s.due_messages() == []
+    s.unhold(-1, step=20)
+    for replica in range(3):
+        s.committed(replica, 21, 3)
+    (second,) = s.due_messages()
+    assert isinstance(second, Release) and second.others_after == 0  # no lighthouse fault
+
+
+def test_the_data_oracle_wants_every_sample_once_per_epoch() -> None:
+    assert check_stream([2, 0, 1, 1, 2, 0, 2], 3) == []
+    assert "missing [1], twice [0]" in check_stream([2, 0, 0], 3)[0]  # a lost sample
+    assert "epoch 1" in check_stream([2, 0, 1, 1, 1, 0], 3)[0]
+    assert "unfinished epoch 1" in check_stream([2, 0, 1, 2, 2], 3)[0]  # a repeat
+
+
+def test_the_ledger_orders_each_step_by_participant_then_group_rank() -> None:
+    ledger = Ledger(WORKLOAD)
+    for replica, rank, indices in ((1, 0, (3, 4)), (0, 1, (5, 6))):
+        for g in (0, 1):
+            ledger.contribution(
+                Contribution(
+                    replica=replica,
+                    group_rank=g,
+                    incarnation=0,
+                    at=0.0,
+                    quorum="e/1",
+                    step=0,
+                    participating=True,
+                    divisor=2,
+                    data_step=0,
+                    loss=1.0,
+                    participant_rank=rank,
+                    indices=tuple(i + 10 * g for i in indices),
+                )
+            )
+    for g in (0, 1):
+        ledger.step_ended(dataclasses.replace(_commit(0, 0, "x"), group_rank=g))
+    stream, problems = ledger.data_stream(1, group_world_size=2)
+    assert problems == []
+    assert stream == [3, 4, 13, 14, 5, 6, 15, 16]  # replica 1 is participant 0

@@ -27,12 +27,20 @@ from torchft_pg.chaos.injection import (
     Injector,
     Phase,
 )
-from torchft_pg.chaos.plan import CLASSIC_FAULTS, HEALTH_FAULTS, PHASE_FAULTS, Fault, FaultPlan
+from torchft_pg.chaos.plan import (
+    CLASSIC_FAULTS,
+    HEALTH_FAULTS,
+    LIGHTHOUSE_FAULTS,
+    PHASE_FAULTS,
+    Fault,
+    FaultPlan,
+)
 from torchft_pg.chaos.replica_faults import ReplicaFaults
 
 __all__ = [
     "CLASSIC_FAULTS",
     "HEALTH_FAULTS",
+    "LIGHTHOUSE_FAULTS",
     "PHASE_FAULTS",
     "Action",
     "BitFlip",

@@ -16,7 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["CLASSIC_FAULTS", "HEALTH_FAULTS", "PHASE_FAULTS", "Fault", "FaultPlan"]
+__all__ = [
+    "CLASSIC_FAULTS",
+    "HEALTH_FAULTS",
+    "LIGHTHOUSE_FAULTS",
+    "PHASE_FAULTS",
+    "Fault",
+    "FaultPlan",
+]
 
 
 class Fault(str, Enum):
@@ -27,6 +34,12 @@ class Fault(str, Enum):
     FAIL_ALLREDUCE = "fail_allreduce"  # the next allreduce runs but reports a failure
     DELAY = "delay"  # stall before the quorum, past the lighthouse join timeout
     RESTART_LIGHTHOUSE = "restart_lighthouse"  # stop and restart the lighthouse, same address
+    # The lighthouse stops answering for a while (sockets open: a SIGSTOP, a hung
+    # host), then goes on; the job must commit on from its lease meanwhile.
+    FREEZE_LIGHTHOUSE = "freeze_lighthouse"
+    # The lighthouse is down for a while, then restarted on the same address and
+    # state file (a new epoch); the job must commit on from its lease meanwhile.
+    LIGHTHOUSE_OUTAGE = "lighthouse_outage"
     # Kills at a phase of the step (`injection.Phase`); every rank of the group dies there.
     KILL_ALLREDUCE_BEFORE = "kill_allreduce_before"  # in the PG's allreduce, before issuing it
     KILL_ALLREDUCE_AFTER = "kill_allreduce_after"  # right after issuing it (collective in flight)
@@ -82,9 +95,16 @@ PHASE_FAULTS: tuple[Fault, ...] = (
 #: health checks must catch. `FaultPlan.random` never overlaps them with another
 #: fault, and CORRUPT_STATE needs 3 replicas (a majority to tell the corrupt one).
 HEALTH_FAULTS: tuple[Fault, ...] = (Fault.CORRUPT_STATE, Fault.STRAGGLE)
+#: The faults that happen to the lighthouse, not to a replica (the replica a plan
+#: names only announces them, for whoever runs the lighthouse to act).
+LIGHTHOUSE_FAULTS: tuple[Fault, ...] = (
+    Fault.RESTART_LIGHTHOUSE,
+    Fault.FREEZE_LIGHTHOUSE,
+    Fault.LIGHTHOUSE_OUTAGE,
+)
 # Faults that leave the replica's state intact at the step they hit: every
 # other kind kills the replica, freezes it or fails its step (it falls behind).
-_HARMLESS = frozenset({Fault.RESTART_LIGHTHOUSE})
+_HARMLESS = frozenset(LIGHTHOUSE_FAULTS)
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ taken out of the quorum (its step jumps: it healed back in).
 A fault fires once per rank. A replica restarted after a planned death would
 fire it again from a fresh record, so with `record` the faults fired are kept
 in a file that the restarted process reads back.
-RESTART_LIGHTHOUSE is only reported (`on_fired`): the lighthouse belongs to
-whoever runs the job, and restarting it is theirs to do.
+The lighthouse faults (RESTART_LIGHTHOUSE, FREEZE_LIGHTHOUSE, LIGHTHOUSE_OUTAGE)
+are only reported (`on_fired`): the lighthouse belongs to whoever runs the
+job, and stopping or restarting it is theirs to do.
 """
 
 from __future__ import annotations
