@@ -348,10 +348,12 @@ def test_a_notice_applied_while_an_op_is_issued_completes_that_op_at_once() -> N
 
     pg.allreduce = racing  # type: ignore[method-assign]
     done = threading.Event()
-    threading.Thread(
-        target=lambda: (manager.allreduce(torch.ones(1)).get_future().wait(), done.set()),
-        daemon=True,
-    ).start()
+
+    def step() -> None:
+        manager.allreduce(torch.ones(1)).get_future().wait()
+        done.set()
+
+    threading.Thread(target=step, daemon=True).start()
     assert done.wait(5.0), "the op waited for its 60 s timeout"
     assert "left the lease at step 0" in str(manager.errored()) and pg.aborted == 1
     assert manager.should_commit() is False
