@@ -405,14 +405,16 @@ class LighthouseCore:
     def tick(self) -> None:
         """Periodic: expire silent replicas (heartbeat timeout fallback), re-decide.
 
-        A tick that comes ``PAUSE_FRACTION`` of the heartbeat timeout or more after
-        the previous one means the lighthouse itself did not run meanwhile (a
+        A tick that comes ``PAUSE_FRACTION`` of the heartbeat timeout (and at least
+        ``MIN_PAUSE_S``, well above the ticks' period) or more after the previous
+        one means the lighthouse itself did not run meanwhile (a
         SIGSTOP, a starved or suspended host): the replicas' pings wait unread in
         its sockets, so their silence is its own, and nobody is declared dead
         for it."""
         now = self.clock.now()
         last, self._last_tick = self._last_tick, now
-        paused = last is not None and now - last >= PAUSE_FRACTION * self.config.heartbeat_timeout_s
+        pause_s = max(PAUSE_FRACTION * self.config.heartbeat_timeout_s, MIN_PAUSE_S)
+        paused = last is not None and now - last >= pause_s
         if paused:
             assert last is not None
             log.warning(
@@ -758,6 +760,7 @@ STRAGGLER_CHECK_PERIOD_S = 1.0  # how often the straggler detector runs (on the 
 # A gap between two ticks of this fraction of the heartbeat timeout means the
 # lighthouse was not running (ticks come every 100 ms by default).
 PAUSE_FRACTION = 0.5
+MIN_PAUSE_S = 1.0  # ... and at least this long: ten default tick periods (seconds)
 IMBALANCE_WARN_RATIO = 1.5  # slowest step time over the median that is worth a warning
 WAIT_TELL_PERIOD_S = 2.0  # a waiting asker hears new words of the same rule at most this often
 
