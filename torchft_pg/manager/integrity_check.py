@@ -107,6 +107,15 @@ def _names(fingerprint: Fingerprint | None, slots: tuple[int, ...]) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def _slots_against(verdict: StateVerdict, me: int) -> tuple[int, ...]:
+    """The digest slots to name for member `me`: where its own value differs, or, when
+    it is not among the diverged, every slot any member differs in."""
+    own = verdict.divergence_of(me)
+    if own is not None:
+        return own.slots
+    return tuple(sorted({s for d in verdict.diverged for s in d.slots}))
+
+
 def _reported_names(fingerprint: Fingerprint | None, slots: tuple[int, ...]) -> tuple[str, ...]:
     """The first differing tensors' names as an `IntegrityReport` carries them:
     at most `MAX_INTEGRITY_TENSORS`, each cut to `MAX_TENSOR_NAME_CHARS`
@@ -240,12 +249,7 @@ class IntegrityCheck:
             )
             logger.warning("%s %s", state.tag(), line)
             self.divergences += 1
-            own = verdict.divergence_of(me)
-            slots = (
-                own.slots
-                if own is not None
-                else tuple(sorted({s for d in verdict.diverged for s in d.slots}))
-            )
+            slots = _slots_against(verdict, me)
             self._report(IntegrityKind.NO_MAJORITY, step, _reported_names(fingerprint, slots))
             state.report_error(StateDivergedError(line))
             return True
@@ -310,12 +314,7 @@ class IntegrityCheck:
             )
             logger.warning("%s %s", state.tag(), line)
             self.gradient_divergences += 1
-            own = verdict.divergence_of(me)
-            slots = (
-                own.slots
-                if own is not None
-                else tuple(sorted({s for d in verdict.diverged for s in d.slots}))
-            )
+            slots = _slots_against(verdict, me)
             if report:
                 self._report(IntegrityKind.NO_MAJORITY, step, _reported_names(gradients, slots))
             state.report_error(StateDivergedError(line))
