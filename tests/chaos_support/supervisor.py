@@ -141,6 +141,9 @@ class _Run:
         )
         # the lighthouse away: (fault, since, back at, commits then); None while it is up
         self.away: tuple[str, float, float, int] | None = None
+        # after an outage: the restarted lighthouse's epoch, and the replicas that
+        # committed in it so far (the schedule holds until all have)
+        self.new_epoch: tuple[str, set[int]] | None = None
         self.freeze_s = (
             config.freeze_s
             if config.freeze_s is not None
@@ -287,7 +290,14 @@ class _Run:
             self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
         meanwhile = self.ledger.commits - commits
         self.report.lighthouse_away.append((fault, time.time() - since, meanwhile))
-        self.schedule.unhold(LIGHTHOUSE, self.schedule.max_step)
+        if fault == Fault.LIGHTHOUSE_OUTAGE.value:
+            # A new epoch: the groups' leases end as their streams reopen and they meet
+            # in its first quorum (heals included). Until every group committed there,
+            # the next fault group waits: a corruption released before would be the
+            # state the re-quorum's healers copy.
+            self.new_epoch = (self.lighthouse.epoch, set())
+        else:
+            self.schedule.unhold(LIGHTHOUSE, self.schedule.max_step)
         self.say(
             f"lighthouse back after {time.time() - since:.1f} s "
             f"({'restarted, a new epoch' if fault == Fault.LIGHTHOUSE_OUTAGE.value else 'resumed'});"
@@ -302,6 +312,8 @@ class _Run:
         self.lighthouse.shutdown()
         self.lighthouse = self._start_lighthouse(f"127.0.0.1:{self.lh_port}")
         self.report.lighthouse_restarts += 1
+        self.schedule.hold(LIGHTHOUSE)  # until every group committed in the new epoch
+        self.new_epoch = (self.lighthouse.epoch, set())
         self.say("lighthouse restarted on the same address, epoch changes")
 
     # -- fault groups ------------------------------------------------------------
@@ -411,6 +423,13 @@ class _Run:
 
     def on_step(self, event: ev.StepEnded) -> None:
         self.ledger.step_ended(event)
+        if self.new_epoch is not None and event.committed and event.group_rank == 0:
+            epoch, seen = self.new_epoch
+            if event.quorum.split("/")[0] == epoch:
+                seen.add(event.replica)
+                if len(seen) == self.c.replicas:
+                    self.new_epoch = None
+                    self.schedule.unhold(LIGHTHOUSE, event.step)
         while len(self.report.corruptions) < len(self.ledger.healed):
             replica, group_rank, at, healed = self.ledger.healed[len(self.report.corruptions)]
             self.report.corruptions.append((replica, group_rank, at, healed))
