@@ -38,6 +38,7 @@ EXIT_DRAIN_S = 10.0
 MAX_BACKLOG = 8
 HANDOFF_S = 5.0  # how long a teardown waits for other holders to let go (s)
 _HANDOFF_POLL_S = 0.001
+_exiting = threading.Event()  # set at interpreter exit: teardowns stop waiting for holders
 _backlog = threading.BoundedSemaphore(MAX_BACKLOG)
 
 
@@ -47,7 +48,7 @@ def _tear_down(holder: list[Any]) -> None:
         del holder
         deadline = time.monotonic() + HANDOFF_S
         # 2: this local and getrefcount's own argument; any more is another holder
-        while sys.getrefcount(item) > 2 and time.monotonic() < deadline:
+        while sys.getrefcount(item) > 2 and time.monotonic() < deadline and not _exiting.is_set():
             time.sleep(_HANDOFF_POLL_S)
         del item  # the last reference, here, unless a holder kept it past HANDOFF_S
     finally:
@@ -78,6 +79,7 @@ def wait_idle(timeout_s: float) -> bool:
 
 @atexit.register
 def _drain() -> None:
+    _exiting.set()  # at exit nobody is issuing ops: tear down now, not after a hand-off wait
     deadline = time.monotonic() + EXIT_DRAIN_S
     with _lock:
         running = list(_threads)
