@@ -219,8 +219,6 @@ class LeaseHolder:
         if self._lease is not None:
             self._lease.stream_broken = True
         self._wake()
-        with self._changed:
-            self._changed.notify_all()
 
     def on_stream_reopened(self, replica_id: str, resolved_step: int) -> FailureNotice | None:
         """The liveness stream opened again (on the loop); the lease is void. Returns the
