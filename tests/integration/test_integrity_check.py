@@ -20,6 +20,7 @@ lands in the corrupt group's state, and only the next state check finds it.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -87,13 +88,23 @@ def run_rank(
     min_replica_size: int = 1,
     check_gradients: bool = False,
     corrupt_gradient_at: int | None = None,
+    every: int = EVERY,
+    flipped: threading.Event | None = None,
+    start_after: threading.Event | None = None,
+    wait_at: tuple[int, threading.Event] | None = None,
 ) -> dict[str, Any]:
     """One rank of group `replica`: train until its step reaches `steps` (or
     `max_iterations` attempts, or `give_up_after` discarded attempts at one
     step); a `corrupt` rank flips one bit of its second layer's weight once it
     has committed step CORRUPT_AT. With `corrupt_gradient_at`, this rank's
     first gradient reduction at that step is delivered with a bit flipped
-    (`CorruptingGloo`); `check_gradients` is `integrity_check_gradients`."""
+    (`CorruptingGloo`); `check_gradients` is `integrity_check_gradients`,
+    `every` is `integrity_check_every`. A corrupt rank sets `flipped` once it
+    flipped its bit; a rank given `start_after` waits for that event before it
+    joins (and sets `wait_at`'s event once its Manager exists); a rank given
+    `wait_at` = (step, event) waits for the event before it trains that step."""
+    if start_after is not None:
+        assert start_after.wait(TIMEOUT.total_seconds()), "the event to start after never came"
     pg = CorruptingGloo(TIMEOUT)
     manager = Manager(
         pg,
@@ -107,9 +118,11 @@ def run_rank(
         timeout=TIMEOUT,
         quorum_timeout=TIMEOUT,
         connect_timeout=TIMEOUT,
-        integrity_check_every=EVERY,
+        integrity_check_every=every,
         integrity_check_gradients=check_gradients,
     )
+    if start_after is not None and wait_at is not None:
+        wait_at[1].set()  # this joiner exists: the others may go on
     torch.manual_seed(0)
     hidden, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
     model = torch.nn.Sequential(hidden, head)
@@ -133,6 +146,10 @@ def run_rank(
                 with torch.no_grad():
                     head.weight.view(-1).view(torch.int32)[5] ^= 1 << 20
                 flipped_at = CORRUPT_AT
+                if flipped is not None:
+                    flipped.set()
+            if start_after is None and wait_at is not None and manager.current_step() == wait_at[0]:
+                assert wait_at[1].wait(TIMEOUT.total_seconds()), "the joiner never started"
             if manager.current_step() == corrupt_gradient_at and pg.flipped == 0:
                 pg.arm()
             iterations += 1
@@ -393,3 +410,67 @@ def test_without_the_option_a_corrupt_reduction_lands_in_the_state(
     (finding,) = status["recent_integrity_findings"]
     assert finding["kind"] == "diverged" and finding["step"] == caught
     assert_bit_identical(by_key, 3)
+
+
+@pytest.mark.timeout(240)
+def test_a_joiner_healing_from_a_corrupt_group_between_checks_drops_what_it_received(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No regular check runs in this test (every 1000 steps): only the check at the
+    # step a group heals. Group 0 flips a bit after step CORRUPT_AT; group 3 joins
+    # after that, and heals from group 0 (the first up-to-date member in replica-id
+    # order serves the first healer). Without a check at that step the joiner would
+    # keep group 0's corrupt state and nothing would ever tell; with it, groups 1
+    # and 2 are the majority, group 0 votes no, group 3 drops its heal, and both
+    # heal from the majority at the next quorum.
+    caplog.set_level(logging.WARNING, logger="torchft_pg.manager.step_state")
+    groups, joiner, steps = 4, 3, CORRUPT_AT + 8
+    lighthouse = LighthouseServer(
+        bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=60_000, http_bind=None
+    )
+    stores = [new_store() for _ in range(groups)]
+    flipped, joined = threading.Event(), threading.Event()
+    try:
+        results = run_in_threads(
+            [
+                (
+                    lambda g=g: run_rank(  # type: ignore[misc]
+                        lighthouse.address(),
+                        stores[g],
+                        g,
+                        0,
+                        1,
+                        corrupt=(g == 0),
+                        steps=steps,
+                        every=1000,
+                        flipped=flipped,
+                        start_after=flipped if g == joiner else None,
+                        wait_at=(CORRUPT_AT + 1, joined),
+                    )
+                )
+                for g in range(groups)
+            ],
+            timeout_s=200,
+        )
+        status = lighthouse.status()
+    finally:
+        lighthouse.shutdown()
+    by_key = {(g, 0): res for g, res in enumerate(results)}
+    for key, res in by_key.items():
+        assert res["step"] == steps, f"group {key} stopped at step {res['step']}"
+    assert by_key[(0, 0)]["divergences"] >= 1  # the corrupt source found itself out
+    assert by_key[(joiner, 0)]["divergences"] >= 1  # the joiner found its source out
+    for g in (1, 2):
+        assert by_key[(g, 0)]["divergences"] == 0
+    assert_bit_identical(by_key, groups)  # nobody kept the corrupt state
+    failures = [
+        rec.getMessage()
+        for rec in caplog.records
+        if rec.name == "torchft_pg.manager.step_state"
+        and "the healed state is dropped" in rec.getMessage()
+    ]
+    assert failures and "replica group3" in failures[0] and "source, replica group0" in failures[0]
+    kinds = {
+        (f["replica_id"].split(":")[0], f["kind"]) for f in status["recent_integrity_findings"]
+    }
+    assert ("group0", "diverged") in kinds, kinds

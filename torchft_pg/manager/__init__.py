@@ -98,7 +98,8 @@ class Manager:
     would make the wrong layer report a fault (see `config.timeout_order_warnings`)
     is named in a warning.
     `integrity_check_every`: every this many committed steps (at each step
-    whose quorum's max step is a multiple of it), the replica groups compare
+    whose quorum's max step is a multiple of it, and at each step some group
+    heals, so that a joiner never keeps a corrupt source's state), the replica groups compare
     bit-exact fingerprints of their registered state (parameters, optimizer
     state; each rank its own shard) before the vote. A group whose state
     differs from a strict majority's votes no and heals from an up-to-date

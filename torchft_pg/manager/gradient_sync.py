@@ -178,14 +178,14 @@ class GradientSync:
         average = reduce_op == ReduceOp.AVG
         scheme = check_allreduce(tensor, reduce_op, should_quantize, quantization)
         if self._state.errored() is not None:
-            return completed_work(tensor)
+            return self._skipped(tensor)
         try:
             self._round.wait()
             if self._state.errored() is not None:
                 # The step failed while its round finished (a notice interrupted the
                 # configure): its process group may be torn down or the previous
                 # quorum's, so nothing is issued on it.
-                return completed_work(tensor)
+                return self._skipped(tensor)
             participation = self._state.participation
             # The backend reduces a private copy: an op a failure notice abandoned
             # may still complete later in the retired backend, and must then write
@@ -219,7 +219,7 @@ class GradientSync:
             source = work.get_future()
         except Exception as e:
             self._state.report_error(e)
-            return completed_work(tensor)
+            return self._skipped(tensor)
 
         def finish(_: Any) -> torch.Tensor:
             self._state.peer_wait_ms = (self._clock() - submitted) * 1000.0
@@ -254,3 +254,10 @@ class GradientSync:
         if errored is not None:  # a failure notice raced with our submit
             proxy.abort(errored.original_exception)
         return ManagedWork(proxy)
+
+    def _skipped(self, tensor: torch.Tensor) -> Work:
+        """The work of an allreduce this failed step does not issue (`tensor` is
+        left as it is); its peers may issue it, so the step's later collectives
+        would no longer line up with theirs (`StepState.skipped_collectives`)."""
+        self._state.skipped_collectives = True
+        return completed_work(tensor)

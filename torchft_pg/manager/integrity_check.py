@@ -3,8 +3,12 @@ fingerprints of their state, and a group whose state differs is voted out.
 
 Groups that committed the same steps hold bit-identical state, so a
 difference is silent data corruption. `IntegrityCheck.run` is called by the
-commit vote at every step the quorum's max step is a multiple of `every`
-(after the step's collectives and heal, before the vote): each rank of the
+commit vote at every step the quorum's max step is a multiple of `every`, and
+at every step some member heals (after the step's collectives and heal,
+before the vote). The second is what keeps a corruption from spreading: a
+group corrupted since the last check may be the one a joiner heals from, and
+only a check at that very step can tell the joiner to drop what it received.
+Heals are rare, so this costs little. Each rank of the
 cross-replica group fingerprints its registered state
 (`fingerprint.fingerprint_state`; each rank its own shard, which the same rank
 of every other group holds too) and allgathers the fingerprint with its peers;
@@ -29,7 +33,11 @@ heal source's, or no majority) is also left in `StepState.integrity_report`
 (an `IntegrityReport`), which the quorum round sends once with its next
 request: the lighthouse records it (timeline, `/status`, `/metrics`) and
 quarantines a group that keeps diverging. A failure of the exchange itself is reported like a
-failed collective (the step votes no).
+failed collective (the step votes no). A member whose step failed still
+joins the exchange, with an absent fingerprint, so that nobody waits for it;
+unless the failure made it skip an allreduce its peers issued
+(`StepState.skipped_collectives`): its exchange would meet their allreduce
+and hang both, so it votes no at once instead.
 
 Averaged gradients (`Manager(integrity_check_gradients=True)`, off by
 default): at the same steps each member also fingerprints every allreduce
@@ -167,16 +175,25 @@ class IntegrityCheck:
         self.gradient_divergences = 0  # checks that found this rank's averaged gradient corrupt
 
     def due(self) -> bool:
-        """This step is checked: the quorum's max step (the same on every member,
-        healers included) is a positive multiple of `every`."""
+        """This step is checked: checks are on (`every` is not None), the quorum's
+        max step is positive, and it is a multiple of `every` or some member heals
+        at it. Both are the same on every member, healers included, so all of them
+        join the exchange or none does."""
         every, step = self.every, self._state.max_step
-        return every is not None and step > 0 and step % every == 0
+        if every is None or step <= 0:
+            return False
+        return step % every == 0 or self._state.quorum_heals
 
     def run(self) -> None:
         """Run this step's check if it is due (see the module docstring). Never
         raises: a failure or a finding is reported, and the step votes no."""
         if not self.due() or self._pg.errored() is not None:
             return  # a broken group cannot exchange; its error already fails the step
+        if self._state.skipped_collectives:
+            # This failed step left out an allreduce its peers issued: the exchange
+            # would meet theirs in its place and hang both. It votes no instead,
+            # and its next request (the lease recall) aborts their step.
+            return
         fingerprint: Fingerprint | None = None
         gradients: Fingerprint | None = None
         try:

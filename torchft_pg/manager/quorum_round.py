@@ -297,6 +297,7 @@ class QuorumRound:
         self._state.replica_rank = result.replica_rank
         self._state.replica_ids = tuple(result.replica_ids)
         self._state.heal_source = plan.heal_source if plan.receive_heal else None
+        self._state.quorum_heals = result.max_world_size < result.replica_world_size
         if plan.configure_at is None:
             return 0.0
         logger.info(

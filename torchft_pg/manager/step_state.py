@@ -10,9 +10,10 @@ what each part may touch is visible in one place:
 * the quorum round writes `epoch`, `quorum_id`, `participants` (under
   `pg_lock`, together with the process group they describe), `participation`,
   `healing`, `step_time_ms`, `busy_ms` and what the integrity check reads of the
-  quorum (`max_step`, `replica_rank`, `replica_ids`, `heal_source`);
+  quorum (`max_step`, `replica_rank`, `replica_ids`, `heal_source`,
+  `quorum_heals`);
 * the gradient sync writes `peer_wait_ms` and `collectives_done` as each
-  allreduce completes (the quorum round reads the first, and clears it, when
+  allreduce completes, and `skipped_collectives` when it issues none (the quorum round reads the first, and clears it, when
   the next step starts, and sends the second with every request);
 * any part reports a failure (`report_error`); the Manager clears it when a
   new step starts (`begin_step`);
@@ -84,11 +85,14 @@ class StepState:
     busy_ms: float = 0.0
     # The step's quorum as the integrity check reads it: the quorum's max step, this
     # group's rank among its members (its rank in the cross-replica group), the
-    # members' ids in that order, and the member this rank heals from (None: none).
+    # members' ids in that order, the member this rank heals from (None: none), and
+    # whether any member heals this step (the same on every member: the quorum
+    # names fewer up-to-date members than members).
     max_step: int = 0
     replica_rank: int = 0
     replica_ids: tuple[str, ...] = ()
     heal_source: int | None = None
+    quorum_heals: bool = False
     # The integrity check's latest finding against this group (or its heal source),
     # for the lighthouse: sent once, with the next quorum request (None: none).
     integrity_report: IntegrityReport | None = None
@@ -96,12 +100,18 @@ class StepState:
     # on which quorum: every group of that quorum had begun that step, so a leased
     # round may follow it without the lighthouse (None: none yet).
     collectives_done: CollectivesDone | None = None
+    # This step left out a collective its peers may have issued (the gradient sync
+    # skips every allreduce of a failed step): a later collective of this step
+    # would meet theirs out of order, so the integrity check does not join its
+    # exchange then.
+    skipped_collectives: bool = False
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
     # -- the step's failure --------------------------------------------------------
     def begin_step(self) -> None:
         """A new step starts: nothing has failed in it yet."""
         self._error = None
+        self.skipped_collectives = False
 
     def report_error(self, e: Exception) -> None:
         """Mark this step failed (only its first failure is kept): later
