@@ -58,13 +58,13 @@ def healing_replica(ctx: RankContext, run: HealingRun) -> dict[str, Any]:
         timeout=timedelta(seconds=10),
     )
     participants: list[int] = []
-    if ctx.rank == 1:
-        ctx.store.set("replica1/up", "1")
     try:
         for _ in range(100):  # bounded: replica 0 waits for replica 1 at step 2
             if manager.current_step() >= run.min_step and participants.count(2) >= run.together:
                 break
             manager.start_quorum()
+            if ctx.rank == 1 and not participants:
+                ctx.store.set("replica1/asked", "1")  # its first request is on its way
             grad = torch.ones(4)
             manager.allreduce(grad).wait()
             if manager.should_commit():
@@ -72,10 +72,10 @@ def healing_replica(ctx: RankContext, run: HealingRun) -> dict[str, Any]:
             participants.append(manager.num_participants())
             if ctx.rank == 0 and manager.current_step() == 2:
                 ctx.store.set("replica0/at-step-2", "1")
-                # Stepping on alone while replica 1 starts (seconds on a loaded machine)
-                # could use up the bounded loop, and replica 1 would then find nobody to
-                # heal from.
-                ctx.store.wait(["replica1/up"])
+                # Stepping on alone while replica 1 starts and sends its first request
+                # (seconds on a loaded machine) could use up the bounded loop, and
+                # replica 1 would then find nobody to heal from.
+                ctx.store.wait(["replica1/asked"])
         return {
             "step": manager.current_step(),
             "w0": weight[0].item(),
