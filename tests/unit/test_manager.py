@@ -553,3 +553,35 @@ def test_the_request_reports_the_steps_own_work_apart_from_its_wait_for_peers() 
     assert request.step_time_ms == pytest.approx(110.0)
     assert request.busy_ms == pytest.approx(40.0)
     manager.shutdown()
+
+
+def test_a_late_notice_about_a_failed_attempt_does_not_fail_its_retry_in_a_new_quorum() -> None:
+    # The lighthouse may send a second recall about step s of quorum 1 after the
+    # group voted no on it. The retry of step s has the same step number, and its
+    # quorum view is quorum 1 until the new quorum (2) is taken: a notice arriving
+    # as the retry begins is held and, once quorum 2 is taken, dropped.
+    manager, client, _, _ = make([result(quorum_id=1, world=3), result(quorum_id=2, world=3)])
+    try:
+        manager.start_quorum()
+        manager.wait_quorum()
+        manager._state.report_error(RuntimeError("attempt 1 failed"))
+        assert manager.should_commit() is False
+        step = manager.current_step()
+        late = FailureNotice(
+            epoch="ep", quorum_id=1, dead_replica_ids=("r2",), reason="lease recalled", step=step
+        )
+        begin_step = manager._state.begin_step
+
+        def begin_then_notice() -> None:  # the notice arrives as the retry starts
+            begin_step()
+            client.failure_callback(late)
+
+        manager._state.begin_step = begin_then_notice  # type: ignore[method-assign]
+        manager.start_quorum()
+        manager.wait_quorum()
+        assert manager.quorum_id()[1] == 2
+        assert manager.errored() is None
+        assert manager.should_commit() is True
+        assert manager.current_step() == step + 1
+    finally:
+        manager.shutdown()

@@ -303,7 +303,6 @@ class Manager:
         Re-raises a failure of the previous quorum (e.g. QuorumTimeoutError).
         """
         self._round.wait_previous()
-        self._state.begin_step()
         self._integrity.gradient_digests.begin_step()
         self._round.start(allow_heal, shrink_only, timeout or self._quorum_timeout)
         if not self._use_async_quorum:

@@ -185,7 +185,12 @@ class QuorumRound:
         self._state.healing = False
         self._deferred_heal = None
         self._counters.begin_quorum()
+        # Notices are held from here until the quorum is taken, and only then is the
+        # new step's failure cleared: a late notice about the step just voted on
+        # (a retry has the same step number, and the quorum view is still the old
+        # one until the new quorum is taken) must not fail the new attempt.
         self._notices.quorum_requested()
+        self._state.begin_step()
         client = self._connection.client()
         self._requested = time.perf_counter()
         done: ThreadFuture[None] = ThreadFuture()
