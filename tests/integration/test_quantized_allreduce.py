@@ -5,6 +5,7 @@ with the number of ranks; then through real Managers and a lighthouse."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -15,11 +16,12 @@ from torch.distributed import AllToAllOptions, TCPStore, Work
 
 from lighthouse import LighthouseServer
 from tests.threads import run_in_threads
-from torchft_pg import ProcessGroupGloo
+from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
 from torchft_pg._torch_internals import AllgatherOptions
 from torchft_pg.manager import Manager
 from torchft_pg.manager.issue_order import IssueOrder, Turn
 from torchft_pg.manager.quantized_sum import QuantizedSum
+from torchft_pg.process_group.base import ProcessGroup
 from torchft_pg.quantization import (
     CHUNK,
     Exchange,
@@ -64,16 +66,6 @@ class CountingGloo(ProcessGroupGloo):
             output_buffer, input_buffer, output_split_sizes, input_split_sizes, opts
         )
 
-    def allgather(  # type: ignore[override]
-        self,
-        output_tensors: list[list[torch.Tensor]],
-        input_tensor: list[torch.Tensor],
-        opts: AllgatherOptions | None = None,
-    ) -> Work:
-        mine = input_tensor[0].numel() * input_tensor[0].element_size()
-        self._count(mine, mine)
-        return super().allgather(output_tensors, input_tensor, opts)
-
     def allgather_into_tensor_coalesced(
         self,
         output_tensors: list[torch.Tensor],
@@ -92,12 +84,12 @@ def _contribution(rank: int, numel: int = NUMEL) -> torch.Tensor:
     return x
 
 
-def _on_groups(world: int, fn: Any) -> list[Any]:
+def _on_groups(world: int, fn: Any, make: Callable[[], ProcessGroup] = CountingGloo) -> list[Any]:
     """Run ``fn(pg)`` on `world` ranks (threads), each with its own configured group."""
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
 
     def rank(r: int) -> Any:
-        pg = CountingGloo()
+        pg = make()
         pg.configure(f"127.0.0.1:{store.port}/q", r, world)
         try:
             return fn(pg)
@@ -137,6 +129,31 @@ def test_every_rank_gets_the_same_bits_close_to_the_float32_sum(world: int) -> N
     for scheme, limit in ((Quantization.INT8, 6e-2), (Quantization.BF16, 3e-3)):
         one, two = errors[scheme, Exchange.ALLGATHER], errors[scheme, Exchange.REDUCE_SCATTER]
         assert one < limit and one < two < 2 * one, errors
+
+
+def test_a_baby_gloo_group_gets_the_same_bits_as_the_simulation() -> None:
+    """The same collectives through ProcessGroupBabyGloo (Gloo in a child process,
+    the buffers in shared memory)."""
+    world = 3
+
+    def run(pg: ProcessGroup) -> list[torch.Tensor]:
+        out = []
+        for exchange in Exchange:
+            summing = QuantizedSum(
+                pg, _contribution(pg.rank()), Quantization.INT8, exchange=exchange
+            )
+            summing.future.wait()
+            out.append(summing.total())
+        return out
+
+    def baby() -> ProcessGroup:
+        return ProcessGroupBabyGloo(timeout=TIMEOUT, warm_spare=False)
+
+    results = _on_groups(world, run, baby)
+    parts = [_contribution(r) for r in range(world)]
+    for i, exchange in enumerate(Exchange):
+        want = simulated_sum(parts, Quantization.INT8, exchange)
+        assert all(torch.equal(per_rank[i], want) for per_rank in results), exchange
 
 
 def test_the_reduce_scatters_bytes_per_rank_do_not_grow_with_the_ranks() -> None:

@@ -79,10 +79,6 @@ def _run(ops: list[_Op]) -> None:
         total = torch.stack([op[2] for op in ops]).sum(0)
         for op in ops:
             op[1].copy_(total)
-    elif name == "allgather":
-        for _, outputs, _, _ in ops:
-            for j, op in enumerate(ops):
-                outputs[j].copy_(op[2])
     elif name == "allgather_into_tensor_coalesced":
         gathered = torch.cat([op[2] for op in ops])
         for op in ops:
@@ -109,11 +105,6 @@ class Member(ProcessGroupDummy):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
         return self.fabric.post(self._rank, "allreduce", tensors[0], tensors[0].clone())
-
-    def allgather(  # type: ignore[override]
-        self, output_tensors: list[list[torch.Tensor]], input_tensor: list[torch.Tensor], *_: Any
-    ) -> Work:
-        return self.fabric.post(self._rank, "allgather", output_tensors[0], input_tensor[0])
 
     def allgather_into_tensor_coalesced(
         self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], *_: Any

@@ -4,8 +4,8 @@ The arithmetic is `torchft_pg.quantization`'s; this module issues it on a
 process group, for `GradientSync` (`Manager.allreduce(should_quantize=True)`,
 DiLoCo's quantized sync):
 
-* ``Exchange.ALLGATHER``: one allgather of every member's encoding, summed
-  once it completes.
+* ``Exchange.ALLGATHER``: one allgather of every member's encoding (into one
+  flat buffer), summed once it completes.
 * ``Exchange.REDUCE_SCATTER``: an alltoall of the encoded shards (shard ``j``
   to member ``j``); once it completes, this member's shards are summed and
   re-encoded (on the thread that completed it) and the allgather of the
@@ -81,6 +81,7 @@ class QuantizedSum:
         self.future: Future[Any] = Future()
         self._pg = pg
         self._shape = contribution.shape
+        self._pg_size = world
         self._numel = numel
         self._scheme = scheme
         self._proceed = proceed
@@ -91,7 +92,9 @@ class QuantizedSum:
         self._layout = shard_layout(numel, world, scheme)
         if self.exchange is Exchange.ALLGATHER:
             self._outgoing = encode(contribution, scheme)
-            self._received = [torch.empty_like(self._outgoing) for _ in range(world)]
+            # one flat buffer, member j's encoding at j * its size: Gloo then writes
+            # it in place, with no copy out into a list of tensors
+            self._received = self._outgoing.new_empty(world * self._outgoing.numel())
         else:
             self._outgoing = encode_shards(contribution, self._layout)
             self._incoming = torch.empty_like(self._outgoing)
@@ -101,7 +104,8 @@ class QuantizedSum:
     def total(self) -> torch.Tensor:
         """The float32 sum, shaped like the contribution (once `future` completed)."""
         if self.exchange is Exchange.ALLGATHER:
-            flat = sum_encoded(self._received, self._numel, self._scheme)
+            rows = self._received.view(self._pg_size, -1).unbind(0)
+            flat = sum_encoded(list(rows), self._numel, self._scheme)
         else:
             flat = decode_shards(self._gathered, self._layout)
         return flat.view(self._shape)
@@ -131,7 +135,7 @@ class QuantizedSum:
                         "broke or the step ended"
                     )
                 if self.exchange is Exchange.ALLGATHER:
-                    work = self._pg.allgather(
+                    work = self._pg.allgather_into_tensor_coalesced(
                         [self._received], [self._outgoing], AllgatherOptions()
                     )
                     self._issued_all = True
