@@ -40,7 +40,9 @@ class Turn:
 
     def __init__(self, order: IssueOrder, start: Callable[[Turn], None]) -> None:
         self._order = order
-        self._start = start
+        # dropped once started or cancelled: an op refers to its turn, and its
+        # buffers should go with it, not wait for the cycle collector
+        self._start: Callable[[Turn], None] | None = start
         self._taker = threading.get_ident()
         self._taking = True  # `take` has not returned yet
         self.started = False
@@ -114,6 +116,7 @@ class IssueOrder:
                 self._holder = None
             elif not turn.started:
                 self._waiting.remove(turn)
+                turn._start = None
                 return  # nothing was held by it: nothing new may start
         self._drain()
 
@@ -124,6 +127,7 @@ class IssueOrder:
             if not turn.released:
                 turn.released = True
                 self._waiting.remove(turn)
+                turn._start = None
             return True
 
     def _drain(self) -> None:
@@ -141,8 +145,10 @@ class IssueOrder:
                 turn.started = True
                 turn.inline = turn._taking and turn._taker == threading.get_ident()
                 self._holder = turn
+                start, turn._start = turn._start, None
             try:
-                turn._start(turn)
+                assert start is not None  # a waiting turn was neither started nor cancelled
+                start(turn)
             except Exception:  # a start reports its own errors; never stall the order
                 logger.exception("a collective's start failed unreported")
                 turn.release()
