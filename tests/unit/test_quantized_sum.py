@@ -216,6 +216,16 @@ def test_an_abandoned_sum_issues_nothing_more_and_lets_the_next_op_through() -> 
     assert not summing.future.done()  # its caller stopped listening; nothing written
 
 
+@pytest.mark.parametrize("exchange", list(Exchange))
+def test_an_empty_tensor_sums_to_an_empty_tensor(exchange: Exchange) -> None:
+    fabric = Fabric(3)
+    sums = [
+        QuantizedSum(m, torch.ones(0, 4), Quantization.INT8, exchange=exchange)
+        for m in fabric.members
+    ]
+    assert all(s.total().shape == (0, 4) for s in sums)
+
+
 def test_abandoning_a_sum_that_issued_everything_reports_nothing_skipped() -> None:
     fabric = Fabric(2)
     sums = [QuantizedSum(m, torch.ones(4), Quantization.BF16) for m in fabric.members]

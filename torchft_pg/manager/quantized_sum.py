@@ -99,13 +99,14 @@ class QuantizedSum:
             self._outgoing = encode_shards(contribution, self._layout)
             self._incoming = torch.empty_like(self._outgoing)
             self._gathered = torch.empty_like(self._outgoing)
-        self._turn = (order or IssueOrder()).take(self._first)
+        self._turn = (order if order is not None else IssueOrder()).take(self._first)
 
     def total(self) -> torch.Tensor:
         """The float32 sum, shaped like the contribution (once `future` completed)."""
         if self.exchange is Exchange.ALLGATHER:
-            rows = self._received.view(self._pg_size, -1).unbind(0)
-            flat = sum_encoded(list(rows), self._numel, self._scheme)
+            size = self._outgoing.numel()  # sliced, not viewed: also right when it is 0
+            rows = [self._received[j * size : (j + 1) * size] for j in range(self._pg_size)]
+            flat = sum_encoded(rows, self._numel, self._scheme)
         else:
             flat = decode_shards(self._gathered, self._layout)
         return flat.view(self._shape)
