@@ -37,7 +37,7 @@ from torchft_pg import ProcessGroupGloo
 from torchft_pg.data import DistributedSampler
 from torchft_pg.local_sgd import DiLoCo, LocalSGD
 from torchft_pg.manager import Manager
-from torchft_pg.quantization import Quantization, encode, sum_encoded
+from torchft_pg.quantization import Quantization, simulated_sum
 
 TIMEOUT = timedelta(seconds=20)
 GROUPS = 3
@@ -207,11 +207,10 @@ def replay_local_sgd(sync_every: int, steps: int) -> list[torch.Tensor]:
 
 def mean_of(parts: list[torch.Tensor], quantization: str | None) -> torch.Tensor:
     """The groups' average as the allreduce computes it: exact, or each part
-    encoded, decoded and summed in group (rank) order."""
+    encoded, exchanged and summed in group (rank) order."""
     if quantization is None:
         return torch.stack(parts).mean(0)
-    scheme = Quantization(quantization)
-    total = sum_encoded([encode(p, scheme) for p in parts], parts[0].numel(), scheme)
+    total = simulated_sum(parts, Quantization(quantization))
     return total.view(parts[0].shape) / len(parts)
 
 

@@ -200,7 +200,9 @@ class HeldWork(Work):
 
 class SumGroup(ProcessGroupDummy):
     """Allreduce multiplies by the world size (every replica sent the same tensor);
-    with `hold` set, allreduce futures stay pending until released."""
+    with `hold` set, allreduce futures (and those of the collectives of a
+    quantized sum's reduce-scatter) stay pending until released. `ops` names
+    every collective issued, in order."""
 
     def __init__(self) -> None:
         super().__init__(0, 1)
@@ -210,6 +212,32 @@ class SumGroup(ProcessGroupDummy):
         self.pending: list[Future[Any]] = []
         self.held: list[list[torch.Tensor]] = []  # the tensors each held op writes
         self.aborted = 0
+        self.ops: list[str] = []
+
+    def _held(self, outputs: list[torch.Tensor]) -> Work:
+        fut: Future[Any] = Future()
+        self.pending.append(fut)
+        self.held.append(outputs)
+        return HeldWork(fut)
+
+    def alltoall_base(  # type: ignore[override]
+        self, output_buffer: torch.Tensor, input_buffer: torch.Tensor, *args: Any
+    ) -> Work:
+        self.ops.append("alltoall_base")
+        if self.hold:
+            return self._held([output_buffer])
+        # every member sent the same: what each sends member 0 is our own first shard
+        blocks = output_buffer.view(self._world, -1)
+        blocks.copy_(input_buffer.view(self._world, -1)[self._rank].expand_as(blocks))
+        return completed_work(output_buffer)
+
+    def allgather_into_tensor_coalesced(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], *args: Any
+    ) -> Work:
+        self.ops.append("allgather_into_tensor_coalesced")
+        if self.hold:
+            return self._held(output_tensors)
+        return super().allgather_into_tensor_coalesced(output_tensors, input_tensors, *args)
 
     def configure(
         self, store_addr: str, rank: int, world_size: int, replica_id: str | None = None
@@ -219,11 +247,9 @@ class SumGroup(ProcessGroupDummy):
         self._world = world_size
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:  # type: ignore[override]
+        self.ops.append("allreduce")
         if self.hold:
-            fut: Future[Any] = Future()
-            self.pending.append(fut)
-            self.held.append(tensors)
-            return HeldWork(fut)
+            return self._held(tensors)
         for t in tensors:
             t.mul_(self._world)
         return completed_work(tensors)

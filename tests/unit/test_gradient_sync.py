@@ -10,7 +10,7 @@ from torch._C._distributed_c10d import ReduceOp
 
 from torchft_pg.manager.gradient_sync import SpareBuffers, check_allreduce, quantized_sum
 from torchft_pg.process_group.dummy import ProcessGroupDummy
-from torchft_pg.quantization import Quantization
+from torchft_pg.quantization import Exchange, Quantization
 
 
 def test_unquantized_ops_need_no_scheme() -> None:
@@ -44,9 +44,10 @@ def test_quantized_sum_adds_every_members_contribution_in_float32() -> None:
     # A dummy group of two "gathers" this rank's encoding twice: the sum is 2x.
     pg = ProcessGroupDummy(0, 2)
     contribution = torch.tensor([[0.5, -1.0], [2.0, 0.25]])
-    work, total = quantized_sum(pg, contribution, Quantization.BF16)
-    work.wait()
-    summed = total()
+    summing = quantized_sum(pg, contribution, Quantization.BF16)
+    assert summing.exchange is Exchange.ALLGATHER  # two members: never the reduce-scatter
+    summing.future.wait()
+    summed = summing.total()
     assert summed.shape == contribution.shape and summed.dtype == torch.float32
     assert torch.equal(summed, 2 * contribution)  # bf16 holds these values exactly
 

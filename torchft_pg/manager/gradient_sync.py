@@ -2,9 +2,13 @@
 
 `GradientSync.allreduce` is `Manager.allreduce`: it never raises on a failure
 (the step's vote becomes no instead) and a failure notice completes it at
-once. `check_allreduce` (pure) refuses bad arguments up front;
-`quantized_sum` is the quantized path: an allgather of encoded
-contributions, summed in float32 in rank order (see `torchft_pg.quantization`).
+once. `check_allreduce` (pure) refuses bad arguments up front; the
+quantized path is a `QuantizedSum` (a reduce-scatter and an allgather of
+encoded shards, or one allgather of encoded contributions; see
+`torchft_pg.quantization`). Its second collective is issued only once its
+first completed, so every collective of the gradient sync takes its turn
+of one `IssueOrder`, and the members issue them in the same order (an op
+requested while a quantized sum is between its stages waits for it).
 On a step the integrity check is due, with `integrity_check_gradients` on,
 each op's final result is also digested for it (`gradient_digests`).
 """
@@ -19,16 +23,19 @@ from typing import Any
 
 import torch
 from torch.distributed import ReduceOp, Work
+from torch.futures import Future
 
 from lighthouse.types import CollectivesDone
-from torchft_pg._torch_internals import AllgatherOptions
-from torchft_pg.futures import ProxyFuture
+from torchft_pg.errors import ProcessGroupAbortedError
+from torchft_pg.futures import ProxyFuture, future_for
 from torchft_pg.manager.gradient_digests import GradientDigests
+from torchft_pg.manager.issue_order import IssueOrder, Turn
 from torchft_pg.manager.notices import NoticeRouter
+from torchft_pg.manager.quantized_sum import QuantizedSum, quantized_sum
 from torchft_pg.manager.quorum_round import QuorumRound
 from torchft_pg.manager.step_state import StepState
 from torchft_pg.process_group.base import ProcessGroup
-from torchft_pg.quantization import Quantization, encode, sum_encoded
+from torchft_pg.quantization import Quantization
 from torchft_pg.work import ManagedWork, completed_work
 
 __all__ = ["GradientSync", "check_allreduce", "quantized_sum"]
@@ -61,20 +68,18 @@ def check_allreduce(
     return scheme
 
 
-def quantized_sum(
-    pg: ProcessGroup, contribution: torch.Tensor, scheme: Quantization
-) -> tuple[Work, Callable[[], torch.Tensor]]:
-    """Allgather every member's encoded `contribution` over `pg`; once the work is
-    done, the returned function gives the float32 sum (shaped like it), added
-    in rank order so that every member gets the same bits."""
-    encoded = encode(contribution, scheme)
-    gathered = [torch.empty_like(encoded) for _ in range(pg.size())]
-    work = pg.allgather([gathered], [encoded], AllgatherOptions())
+def _never_abandoned() -> bool:
+    return False  # issued at once: nothing of it is left to abandon
 
-    def total() -> torch.Tensor:
-        return sum_encoded(gathered, contribution.numel(), scheme).view(contribution.shape)
 
-    return work, total
+def _forward(source: Future[Any], to: Future[Any]) -> None:
+    """Complete `to` as `source` completed."""
+    try:
+        value = source.value()
+    except Exception as e:
+        to.set_exception(e)
+        return
+    to.set_result(value)
 
 
 class SpareBuffers:
@@ -158,6 +163,7 @@ class GradientSync:
         self._round = round
         self._timeout = timeout
         self._spare = SpareBuffers()
+        self._order = IssueOrder()  # every collective of this group issued here, in turn
 
     def allreduce(
         self,
@@ -195,7 +201,12 @@ class GradientSync:
             # replaces its buckets) asks for no copy: one pass over it fewer.
             contributes = participation.rank is not None and not self._state.healing
             in_place = not private_copy and scheme is None
-            if in_place:
+            private: torch.Tensor | None = None
+            if scheme is not None:
+                # Encoded right here, before this call returns, into the sum's own
+                # buffers: the backend never sees `tensor`, so no copy of it is needed.
+                contribution = tensor if contributes else torch.zeros_like(tensor)
+            elif in_place:
                 private = tensor if contributes else tensor.zero_()
             else:
                 private = self._spare.copy_of(tensor, zero=not contributes)
@@ -204,19 +215,35 @@ class GradientSync:
             slot = self._digests.slot() if self._digests is not None else None
             view = self._state.step_view()
             done_at = CollectivesDone(epoch=view.epoch, quorum_id=view.quorum_id, step=view.step)
+
+            def proceed() -> bool:
+                """Whether an op that waited for its turn (or a sum's second stage) may
+                still be issued: not once the step failed (its allreduces are skipped),
+                the group broke, or the step's quorum moved on (it would meet another
+                quorum's collectives)."""
+                return (
+                    self._state.errored() is None
+                    and self._pg.errored() is None
+                    and self._state.step_view() == view
+                )
+
             submitted = self._clock()
+            reduced: Callable[[], torch.Tensor]
             if scheme is not None:
-                work, reduced = quantized_sum(self._pg, private, scheme)
+                summing = QuantizedSum(
+                    self._pg, contribution, scheme, order=self._order, proceed=proceed
+                )
+                source: Future[Any] = summing.future
+                reduced, abandon = summing.total, summing.abandon
             else:
+                assert private is not None
                 op = ReduceOp(ReduceOp.SUM) if average else reduce_op
                 if not isinstance(op, ReduceOp):  # a RedOpType; c10d also passes ReduceOp
                     op = ReduceOp(op)
-                work = self._pg.allreduce([private], op)
+                source, abandon = self._plain(private, op, proceed)
 
                 def reduced() -> torch.Tensor:
                     return private  # the op wrote it in place
-
-            source = work.get_future()
         except Exception as e:
             self._state.report_error(e)
             return self._skipped(tensor)
@@ -244,16 +271,64 @@ class GradientSync:
                 tensor.copy_(result)
                 if average:
                     tensor.div_(divisor)
-            self._spare.give_back(private)  # the op is done with it
+            if private is not None:
+                self._spare.give_back(private)  # the op is done with it
+
+        def failed(e: Exception) -> None:
+            # Completed by an abort, a timeout or an error: a collective of the op not
+            # issued yet never will be, and if its peers issued theirs, this step's
+            # later collectives would meet theirs out of order.
+            if abandon():
+                self._state.skipped_collectives = True
+            self._state.report_error(e)
 
         proxy: ProxyFuture[torch.Tensor] = ProxyFuture(
-            source, tensor, self._state.report_error, self._timeout, finish
+            source, tensor, failed, self._timeout, finish
         )
         self._notices.track(proxy)
         errored = self._state.errored()
         if errored is not None:  # a failure notice raced with our submit
             proxy.abort(errored.original_exception)
         return ManagedWork(proxy)
+
+    def _plain(
+        self, private: torch.Tensor, op: ReduceOp, proceed: Callable[[], bool]
+    ) -> tuple[Future[Any], Callable[[], bool]]:
+        """Issue an allreduce of `private` in its turn: its work's future and what
+        abandons it (True: it was never issued). Issued here and now unless an
+        earlier quantized sum is between its stages, which it then follows. A
+        failure to issue it here and now raises, as the backend raised it."""
+        if self._order.claim():  # nothing ahead of it: no turn, no relay
+            try:
+                work = self._pg.allreduce([private], op)
+            finally:
+                self._order.unclaim()
+            return work.get_future(), _never_abandoned
+        relay: Future[Any] = future_for([private])
+        issued = [False]
+
+        def start(turn: Turn) -> None:
+            try:
+                if not proceed():
+                    raise ProcessGroupAbortedError(
+                        "allreduce given up before its turn came: the step failed, the "
+                        "group broke or the step's quorum moved on"
+                    )
+                work = self._pg.allreduce([private], op)
+            except Exception as e:
+                turn.release()
+                relay.set_exception(e)
+                return
+            issued[0] = True
+            turn.release()
+            work.get_future().add_done_callback(lambda done: _forward(done, relay))
+
+        turn = self._order.take(start)
+
+        def abandon() -> bool:
+            return turn.cancel() or not issued[0]
+
+        return relay, abandon
 
     def _skipped(self, tensor: torch.Tensor) -> Work:
         """The work of an allreduce this failed step does not issue (`tensor` is
