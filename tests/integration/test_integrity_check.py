@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +42,17 @@ STEPS = 9
 CORRUPT_AT = 4  # the corrupt group flips a bit after committing this step
 TIMEOUT = timedelta(seconds=30)
 MAX_ITERATIONS = 40  # bounds every loop: a livelock fails here instead of hanging
+
+
+def poll(condition: Callable[[], bool]) -> bool:
+    """Whether `condition` came true within TIMEOUT (checked every 10 ms): for a fact
+    only the lighthouse's status tells, which no event announces."""
+    deadline = time.monotonic() + TIMEOUT.total_seconds()
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def new_store() -> TCPStore:
@@ -91,7 +104,7 @@ def run_rank(
     every: int = EVERY,
     flipped: threading.Event | None = None,
     start_after: threading.Event | None = None,
-    wait_at: tuple[int, threading.Event] | None = None,
+    wait_at: tuple[int, Callable[[], bool]] | None = None,
 ) -> dict[str, Any]:
     """One rank of group `replica`: train until its step reaches `steps` (or
     `max_iterations` attempts, or `give_up_after` discarded attempts at one
@@ -101,8 +114,8 @@ def run_rank(
     (`CorruptingGloo`); `check_gradients` is `integrity_check_gradients`,
     `every` is `integrity_check_every`. A corrupt rank sets `flipped` once it
     flipped its bit; a rank given `start_after` waits for that event before it
-    joins (and sets `wait_at`'s event once its Manager exists); a rank given
-    `wait_at` = (step, event) waits for the event before it trains that step."""
+    joins; any other rank given `wait_at` = (step, condition) waits until the
+    condition holds before it trains that step."""
     if start_after is not None:
         assert start_after.wait(TIMEOUT.total_seconds()), "the event to start after never came"
     pg = CorruptingGloo(TIMEOUT)
@@ -121,8 +134,6 @@ def run_rank(
         integrity_check_every=every,
         integrity_check_gradients=check_gradients,
     )
-    if start_after is not None and wait_at is not None:
-        wait_at[1].set()  # this joiner exists: the others may go on
     torch.manual_seed(0)
     hidden, head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
     model = torch.nn.Sequential(hidden, head)
@@ -149,7 +160,7 @@ def run_rank(
                 if flipped is not None:
                     flipped.set()
             if start_after is None and wait_at is not None and manager.current_step() == wait_at[0]:
-                assert wait_at[1].wait(TIMEOUT.total_seconds()), "the joiner never started"
+                assert poll(wait_at[1]), "the joiner's request never reached the lighthouse"
             if manager.current_step() == corrupt_gradient_at and pg.flipped == 0:
                 pg.arm()
             iterations += 1
@@ -429,7 +440,14 @@ def test_a_joiner_healing_from_a_corrupt_group_between_checks_drops_what_it_rece
         bind="127.0.0.1:0", min_replicas=3, join_timeout_ms=60_000, http_bind=None
     )
     stores = [new_store() for _ in range(groups)]
-    flipped, joined = threading.Event(), threading.Event()
+    flipped = threading.Event()
+
+    def joiner_asked() -> bool:
+        # the joiner's request is at the lighthouse (which then recalls the lease):
+        # the others' next rounds form a quorum with it, not run to the end without it
+        pending = lighthouse.status()["next_quorum"]["pending"]
+        return any(rid.startswith(f"group{joiner}:") for rid in pending)
+
     try:
         results = run_in_threads(
             [
@@ -445,7 +463,7 @@ def test_a_joiner_healing_from_a_corrupt_group_between_checks_drops_what_it_rece
                         every=1000,
                         flipped=flipped,
                         start_after=flipped if g == joiner else None,
-                        wait_at=(CORRUPT_AT + 1, joined),
+                        wait_at=(CORRUPT_AT + 1, joiner_asked),
                     )
                 )
                 for g in range(groups)
