@@ -14,10 +14,11 @@ Gloo measured in the same run.
     .venv/bin/python bench/collectives.py --allreduce-only --sizes 4KiB,256KiB,4MiB --repeat 3
 
 The allreduce comparison is made as several independent runs (``--repeat``,
-new processes each; 3 by default): on this VM a run's groups can be 10-20%
-apart for the whole run, whichever they are (two raw Gloo groups differ as
-much), so one run's median is not the figure. The second form runs only that
-comparison, over the sizes named.
+new processes each; 3 by default), each round of a run on new groups of each
+kind: on this VM one Gloo group can run 10-20% apart from another for as long
+as it lives (two raw Gloo groups differ as much), so neither one run nor one
+set of groups gives the figure. The second form runs only that comparison,
+over the sizes named.
 
 The guard: each round pairs our Gloo's median op time with raw Gloo's from
 the same interleaved ops; over every paired round of every run, the median
@@ -54,6 +55,7 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
     import torch.distributed as dist
 
     from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+    from torchft_pg.process_group import _reaper
 
     rounds, quick, sizes = ctx.args
     dist.init_process_group(
@@ -64,11 +66,24 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
         timeout=timedelta(seconds=60),
     )
     ours = ProcessGroupGloo(timeout=timedelta(seconds=60))
-    ours.configure(ctx.addr("ours"), ctx.rank, ctx.world_size)
     baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
-    baby.configure(ctx.addr("baby"), ctx.rank, ctx.world_size)
+    raw: list[Any] = []  # this round's raw torch Gloo group
+
+    def fresh_groups(tag: str) -> None:
+        """New groups of each kind for a round. A Gloo group's threads can sit in
+        a slow spot of this loaded 2-core host for as long as the group lives
+        (10-20% apart, two raw groups alike): with new groups every round, that
+        luck is drawn again each round and the median over rounds evens it out,
+        where with one group per run it decided the run."""
+        if raw:
+            dist.destroy_process_group(raw.pop())
+        raw.append(dist.new_group(backend="gloo", timeout=timedelta(seconds=60)))
+        ours.configure(ctx.addr(f"ours/{tag}"), ctx.rank, ctx.world_size)
+        baby.configure(ctx.addr(f"baby/{tag}"), ctx.rank, ctx.world_size)
+        _reaper.wait_idle(30.0)  # the previous backend's teardown is not in the round
+
     variants = {
-        "raw": lambda t: dist.all_reduce(t),
+        "raw": lambda t: dist.all_reduce(t, group=raw[0]),
         "gloo": lambda t: ours.allreduce([t]).wait(),
         "baby": lambda t: baby.allreduce([t]).wait(),
     }
@@ -81,9 +96,10 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
         t = torch.ones(SIZES[size_name] // 4)
         iters = max(1, ITERS[size_name] // (4 if quick else 1))
         iters = -(-iters // len(orders)) * len(orders)  # each order equally often
-        for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
-            fn(t)
         for r in range(rounds):
+            fresh_groups(f"{size_name}/{r}")
+            for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
+                fn(t)
             ctx.barrier(f"{size_name}/{r}")
             # Alternate op by op: each variant's samples see the same machine state.
             samples: dict[str, list[float]] = {name: [] for name in variants}
