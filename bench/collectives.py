@@ -1,19 +1,31 @@
 """Collective speed and configure latency: raw torch Gloo vs our Gloo vs our BabyGloo.
 
 Two processes on 127.0.0.1 run allreduce at 4 KiB, 256 KiB, 4 MiB and 64 MiB,
-alternating the three variants round by round so machine noise hits all of
-them alike; then `configure` latency over repeated reconfigurations at world
-sizes 2 and 4, each after the previous backend's teardown (as a job, which
-reconfigures seconds apart, sees it) and back to back (a storm, where the
-bounded teardown queue makes configures wait). Prints a table and, last, one
-JSON line with ratios to raw Gloo measured in the same run.
+alternating the three variants op by op (taking them in each of their six
+orders in turn, so none always follows the Baby child's work or leads after
+a barrier) so machine noise hits all of them alike; then `configure`
+latency over repeated reconfigurations at world sizes 2 and 4, each after the
+previous backend's teardown (as a job, which reconfigures seconds apart, sees
+it) and back to back (a storm, where the bounded teardown queue makes
+configures wait). Prints a table and, last, one JSON line with ratios to raw
+Gloo measured in the same run.
 
     .venv/bin/python bench/collectives.py [--quick]
-    .venv/bin/python bench/collectives.py --allreduce-only --sizes 4KiB --repeat 6
+    .venv/bin/python bench/collectives.py --allreduce-only --sizes 4KiB,256KiB,4MiB --repeat 3
 
-The second form runs only the allreduce comparison, over the sizes named, as
-several independent runs (new processes each): this VM's small-op timings
-move between runs minutes apart, so one run's median is not the figure.
+The allreduce comparison is made as several independent runs (``--repeat``,
+new processes each; 3 by default), each round of a run on new groups of each
+kind: on this VM one Gloo group can run 10-20% apart from another for as long
+as it lives (two raw Gloo groups differ as much), so neither one run nor one
+set of groups gives the figure. The second form runs only that comparison,
+over the sizes named.
+
+The guard: each round pairs our Gloo's median op time with raw Gloo's from
+the same interleaved ops; over every paired round of every run, the median
+of ``ours / raw`` must stay within ``--max-gloo-ratio`` (1.10 by default:
+the target is 1.05, the rest is this loaded machine's noise) at each size,
+else the benchmark names the size, the ratio and the bound and exits 1
+(``--quick`` reports the ratios without judging them).
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from tests.multiproc import RankContext, run_ranks
 SIZES = {"4KiB": 4 << 10, "256KiB": 256 << 10, "4MiB": 4 << 20, "64MiB": 64 << 20}
 ITERS = {"4KiB": 300, "256KiB": 60, "4MiB": 12, "64MiB": 3}
 BABY_TEARDOWN_PAUSE_S = 0.1  # see _configure_latency
+MAX_GLOO_RATIO = 1.10  # our Gloo's allreduce time over raw Gloo's, at most (see the module doc)
 
 
 def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
@@ -42,6 +55,7 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
     import torch.distributed as dist
 
     from torchft_pg import ProcessGroupBabyGloo, ProcessGroupGloo
+    from torchft_pg.process_group import _reaper
 
     rounds, quick, sizes = ctx.args
     dist.init_process_group(
@@ -52,26 +66,45 @@ def _allreduce_rounds(ctx: RankContext) -> dict[str, dict[str, list[float]]]:
         timeout=timedelta(seconds=60),
     )
     ours = ProcessGroupGloo(timeout=timedelta(seconds=60))
-    ours.configure(ctx.addr("ours"), ctx.rank, ctx.world_size)
     baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60), warm_spare=False)
-    baby.configure(ctx.addr("baby"), ctx.rank, ctx.world_size)
+    raw: list[Any] = []  # this round's raw torch Gloo group
+
+    def fresh_groups(tag: str) -> None:
+        """New groups of each kind for a round. A Gloo group's threads can sit in
+        a slow spot of this loaded 2-core host for as long as the group lives
+        (10-20% apart, two raw groups alike): with new groups every round, that
+        luck is drawn again each round and the median over rounds evens it out,
+        where with one group per run it decided the run."""
+        if raw:
+            dist.destroy_process_group(raw.pop())
+        raw.append(dist.new_group(backend="gloo", timeout=timedelta(seconds=60)))
+        ours.configure(ctx.addr(f"ours/{tag}"), ctx.rank, ctx.world_size)
+        baby.configure(ctx.addr(f"baby/{tag}"), ctx.rank, ctx.world_size)
+        _reaper.wait_idle(30.0)  # the previous backend's teardown is not in the round
+
     variants = {
-        "raw": lambda t: dist.all_reduce(t),
+        "raw": lambda t: dist.all_reduce(t, group=raw[0]),
         "gloo": lambda t: ours.allreduce([t]).wait(),
         "baby": lambda t: baby.allreduce([t]).wait(),
     }
     out: dict[str, dict[str, list[float]]] = {v: {s: [] for s in sizes} for v in variants}
+    # Every order of the variants in turn: a fixed order would make one variant
+    # always pay for the previous one's tail (the Baby child still running on
+    # one of two cores) or for the skew between the ranks after a barrier.
+    orders = list(itertools.permutations(variants.items()))
     for size_name in sizes:
         t = torch.ones(SIZES[size_name] // 4)
         iters = max(1, ITERS[size_name] // (4 if quick else 1))
-        for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
-            fn(t)
+        iters = -(-iters // len(orders)) * len(orders)  # each order equally often
         for r in range(rounds):
+            fresh_groups(f"{size_name}/{r}")
+            for fn in variants.values():  # warm-up (first use moves the Baby tensor to shm)
+                fn(t)
             ctx.barrier(f"{size_name}/{r}")
             # Alternate op by op: each variant's samples see the same machine state.
             samples: dict[str, list[float]] = {name: [] for name in variants}
-            for _ in range(iters):
-                for name, fn in variants.items():
+            for i in range(iters):
+                for name, fn in orders[i % len(orders)]:
                     start = time.perf_counter()
                     fn(t)
                     samples[name].append(time.perf_counter() - start)
@@ -163,7 +196,17 @@ def main() -> None:
         help="only the 2-process allreduce comparison (no per-op cost, no configure rows)",
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="independent runs of the allreduce comparison"
+        "--repeat",
+        type=int,
+        default=3,
+        help="independent runs of the allreduce comparison (default 3: the guard pools them)",
+    )
+    parser.add_argument(
+        "--max-gloo-ratio",
+        type=float,
+        default=MAX_GLOO_RATIO,
+        help="exit 1 if our Gloo's allreduce time over raw Gloo's (median of the paired "
+        f"rounds of every run) exceeds this at any size (default {MAX_GLOO_RATIO})",
     )
     args = parser.parse_args()
     sizes = [s for s in args.sizes.split(",") if s]
@@ -172,6 +215,8 @@ def main() -> None:
         parser.error(f"--sizes {args.sizes!r}: expected names from {', '.join(SIZES)}")
     if args.repeat < 1:
         parser.error(f"--repeat {args.repeat}: expected at least 1")
+    if not args.max_gloo_ratio > 0:
+        parser.error(f"--max-gloo-ratio {args.max_gloo_ratio}: expected a positive ratio")
     if not args.allreduce_only and sizes != list(SIZES):
         parser.error(
             f"--sizes {args.sizes!r}: the full run measures every size (or pass --allreduce-only)"
@@ -183,30 +228,71 @@ def main() -> None:
     report: dict[str, Any] = {"allreduce": runs[-1]}
     if args.repeat > 1:
         report["allreduce_runs"] = runs
-        print(f"\nextra over raw Gloo per run ({args.repeat} runs, each the median of its rounds)")
+        print(
+            f"\nper run ({args.repeat} runs): extra over raw Gloo, each the median of its rounds;"
+        )
+        print("our Gloo / raw Gloo, each the median of its paired rounds")
         for s in sizes:
             gloo = [round(r[s]["gloo_extra_us"]) for r in runs]
             baby = [round(r[s]["baby_extra_us"]) for r in runs]
+            ratios = [round(r[s]["gloo_vs_raw"], 2) for r in runs]
             print(
                 f"{s:>8}: Gloo {gloo} us (median {statistics.median(gloo):.0f}); "
-                f"BabyGloo {baby} us (median {statistics.median(baby):.0f})"
+                f"BabyGloo {baby} us (median {statistics.median(baby):.0f}); "
+                f"Gloo/raw {ratios} (median {statistics.median(ratios):.2f}x)"
             )
-    if args.allreduce_only:
-        print()
-        print(json.dumps({"bench": "collectives", **report}))
+    guard = _gloo_guard(runs, sizes, args.max_gloo_ratio)
+    report["gloo_guard"] = guard
+    if not args.allreduce_only:
+        _op_cost_and_configure(report, reconfigs)
+    print()
+    print(json.dumps({"bench": "collectives", **report}))
+    if args.quick:  # a smoke run: too few ops to judge a 10% difference on a loaded host
+        print("(--quick: our Gloo's ratio to raw Gloo is reported, not judged)", file=sys.stderr)
         return
-    _op_cost_and_configure(report, reconfigs)
+    failed = [s for s in sizes if guard["ratio"][s] > guard["bound"]]
+    for s in failed:
+        print(
+            f"FAIL: torchft_pg ProcessGroupGloo allreduce at {s} takes {guard['ratio'][s]:.3f}x "
+            f"raw torch Gloo's time (median of {guard['paired_rounds']} paired rounds), "
+            f"above the bound {guard['bound']:.2f}x",
+            file=sys.stderr,
+        )
+    if failed:
+        sys.exit(1)
+
+
+def _gloo_guard(runs: list[dict[str, Any]], sizes: list[str], bound: float) -> dict[str, Any]:
+    """Our Gloo's time over raw Gloo's per size: the median over the paired rounds of
+    every run (pooled, so one noisy run moves it less than its own median would)."""
+    ratio = {
+        s: statistics.median(x for r in runs for x in r[s]["gloo_vs_raw_rounds"]) for s in sizes
+    }
+    paired = len(runs[0][sizes[0]]["gloo_vs_raw_rounds"]) * len(runs)
+    print(
+        f"\nour Gloo / raw Gloo allreduce time, median of {paired} paired rounds "
+        f"(bound {bound:.2f}x): "
+        + ", ".join(f"{s} {ratio[s]:.3f}x{'' if ratio[s] <= bound else ' OVER'}" for s in sizes)
+    )
+    return {"ratio": ratio, "bound": bound, "paired_rounds": paired}
 
 
 def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, Any]:
     """One run of the 2-process allreduce comparison (new processes): prints its table
-    and returns, per size, each variant's median time and its ratio to raw Gloo."""
+    and returns, per size, each variant's median time, its ratios to raw Gloo, and
+    our Gloo's time over raw Gloo's in each round (the two measured op by op)."""
     r0 = run_ranks(_allreduce_rounds, 2, rounds, quick, sizes, timeout=600)[0]
     med = {v: {s: statistics.median(r0[v][s]) for s in sizes} for v in r0}
+    paired = {
+        v: {s: [a / b for a, b in zip(r0[v][s], r0["raw"][s], strict=True)] for s in sizes}
+        for v in ("gloo", "baby")
+    }
     print(
-        f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; bus GB/s = 2(n-1)/n * bytes / t)"
+        f"\nallreduce, 2 processes on 127.0.0.1 (median of {rounds} rounds; "
+        "bus GB/s = 2(n-1)/n * bytes / t; (x raw): time over raw Gloo's, median of the "
+        "paired rounds)"
     )
-    print(f"{'size':>8} | {'raw gloo':>18} | {'torchft_pg Gloo':>24} | {'torchft_pg BabyGloo':>24}")
+    print(f"{'size':>8} | {'raw gloo':>18} | {'torchft_pg Gloo':>28} | {'torchft_pg BabyGloo':>28}")
     out: dict[str, Any] = {}
     for s in sizes:
         nbytes = SIZES[s]
@@ -214,17 +300,18 @@ def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, A
         for v in ("raw", "gloo", "baby"):
             t = med[v][s]
             gbps = nbytes / t / 1e9  # 2(n-1)/n == 1 for n = 2
-            ratio = med["raw"][s] / t
-            cells.append(
-                f"{t * 1e3:8.3f} ms {gbps:5.2f}" + ("" if v == "raw" else f" ({ratio:4.2f}x)")
-            )
-        print(f"{s:>8} | {cells[0]:>18} | {cells[1]:>24} | {cells[2]:>24}")
+            ratio = "" if v == "raw" else f" ({statistics.median(paired[v][s]):5.2f}x raw)"
+            cells.append(f"{t * 1e3:8.3f} ms {gbps:5.2f}{ratio}")
+        print(f"{s:>8} | {cells[0]:>18} | {cells[1]:>28} | {cells[2]:>28}")
         out[s] = {
             "raw_ms": med["raw"][s] * 1e3,
             "gloo_ms": med["gloo"][s] * 1e3,
             "baby_ms": med["baby"][s] * 1e3,
             "gloo_bw_ratio": med["raw"][s] / med["gloo"][s],
             "baby_bw_ratio": med["raw"][s] / med["baby"][s],
+            "gloo_vs_raw": statistics.median(paired["gloo"][s]),
+            "baby_vs_raw": statistics.median(paired["baby"][s]),
+            "gloo_vs_raw_rounds": paired["gloo"][s],
             "gloo_extra_us": (med["gloo"][s] - med["raw"][s]) * 1e6,
             "baby_extra_us": (med["baby"][s] - med["raw"][s]) * 1e6,
         }
@@ -232,7 +319,7 @@ def _allreduce_report(rounds: int, quick: bool, sizes: list[str]) -> dict[str, A
 
 
 def _op_cost_and_configure(report: dict[str, Any], reconfigs: int) -> None:
-    """The one-process op cost and the configure rows; then the targets and the JSON line."""
+    """The one-process op cost and the configure rows; then the targets."""
     cost = run_ranks(_op_cost, 1, timeout=300)[0]
     print(
         "\nper-op cost in one process (world size 1, 4 KiB: each path's own overhead, no network)"
@@ -284,9 +371,10 @@ def _op_cost_and_configure(report: dict[str, Any], reconfigs: int) -> None:
         "baby_configure_le_200ms": max(report["configure"][f"baby_ws{w}"]["p50_ms"] for w in (2, 4))
         <= 200,
         "no_multisecond_outliers": all(c["over_1s"] == 0 for c in report["configure"].values()),
+        "gloo_time_le_max_ratio_of_raw": all(
+            r <= report["gloo_guard"]["bound"] for r in report["gloo_guard"]["ratio"].values()
+        ),
     }
-    print()
-    print(json.dumps({"bench": "collectives", **report}))
 
 
 if __name__ == "__main__":
