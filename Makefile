@@ -82,12 +82,13 @@ docs:  ## the reference site (docs/ and the API from the docstrings) in docs/_bu
 	$(PY) -m sphinx -b html -W --keep-going -q docs docs/_build/html
 	@echo "==> docs/_build/html/index.html"
 
-bench:  ## every benchmark: tables plus one JSON line each (~10 min on 2 cores)
+bench:  ## every benchmark: tables plus one JSON line each (~12 min on 2 cores)
 	PYTHONUNBUFFERED=1 $(PY) bench/collectives.py
 	PYTHONUNBUFFERED=1 $(PY) bench/quorum.py
 	PYTHONUNBUFFERED=1 $(PY) bench/manager_quorum.py
 	PYTHONUNBUFFERED=1 $(PY) bench/heal.py
 	PYTHONUNBUFFERED=1 $(PY) bench/recovery.py
+	PYTHONUNBUFFERED=1 $(PY) bench/step_overhead.py --model tiny large --rounds 16
 	PYTHONUNBUFFERED=1 $(PY) bench/lighthouse_outage.py
 	PYTHONUNBUFFERED=1 $(PY) bench/stragglers.py
 	PYTHONUNBUFFERED=1 $(PY) bench/semisync.py
