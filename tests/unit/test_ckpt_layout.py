@@ -80,6 +80,32 @@ def test_digest_detects_flips_swaps_and_truncation() -> None:
     assert piece_digest(odd) != piece_digest(odd[:12])
 
 
+def test_digest_detects_every_single_flipped_bit() -> None:
+    """Every bit of a piece with two 4 KiB blocks, three more words and a 5-byte
+    tail: flipping any one of them changes the digest (the top bit of a word in
+    block 0, weight 1, went unseen while both fold constants were odd)."""
+    data = torch.randint(0, 256, (2 * 4096 + 3 * 8 + 5,), dtype=torch.uint8)
+    ref = piece_digest(data)
+    missed = []
+    for i in range(data.numel()):
+        for bit in range(8):
+            data[i] ^= 1 << bit
+            if piece_digest(data) == ref:
+                missed.append((i, bit))
+            data[i] ^= 1 << bit
+    assert not missed, f"flips not detected (byte, bit): {missed[:10]}"
+
+
+def test_digest_detects_top_bit_flips_in_a_full_piece() -> None:
+    data = torch.randint(0, 256, (PIECE_BYTES,), dtype=torch.uint8)
+    ref = piece_digest(data)
+    for block in (0, 1, 2, 3, 511, 1023):
+        for byte in (7, 4095):  # the sign bit of the block's first and last word
+            data[block * 4096 + byte] ^= 0x80
+            assert piece_digest(data) != ref, (block, byte)
+            data[block * 4096 + byte] ^= 0x80
+
+
 def test_digest_of_unaligned_view_matches_aligned_copy() -> None:
     data = torch.randint(0, 256, (10_000,), dtype=torch.uint8)
     assert piece_digest(data[3:9003]) == piece_digest(data[3:9003].clone())
