@@ -1,12 +1,15 @@
-"""HTTPTransport's bytes on the wire: checksums end to end, chunk coverage.
+"""HTTPTransport's bytes on the wire: checksums end to end, chunk coverage, chunk count.
 
 Real sockets throughout: a relay between receiver and sender that flips one bit
-of what it forwards, and raw HTTP requests for every chunk of a plan.
+of what it forwards, raw HTTP requests for every chunk of a plan, and the
+receiver's own log of how many chunks it fetched.
 """
 
 from __future__ import annotations
 
 import http.client
+import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 
+import torchft_pg.checkpointing.http_transport as http_transport
 from torchft_pg.checkpointing import HTTPTransport
 from torchft_pg.checkpointing.layout import (
     PIECE_BYTES,
@@ -207,3 +211,39 @@ def test_parallel_chunks_cover_the_payload_exactly_once(
         assert int.from_bytes(body[-8:], "little") == digest.value, f"trailer of chunk {i}/{n}"
     assert all(bool((w == 1).all()) for w in written), "every byte exactly once"
     check_same(sd, unpack(skeleton, blobs))
+
+
+def test_auto_chunks_picks_by_size_and_cpus() -> None:
+    mib = 1 << 20
+    auto = http_transport.auto_chunks
+    assert auto(0, cpus=16) == 1
+    assert auto(100 * mib, cpus=16) == 1, "a small payload keeps one connection"
+    assert auto(400 * mib, cpus=16) == 400 * mib // http_transport.AUTO_CHUNK_BYTES
+    assert auto(400 * mib, cpus=2) == 2, "no more connections than CPUs"
+    assert auto(1 << 40, cpus=64) == http_transport.AUTO_MAX_CHUNKS
+    assert auto(1 << 40, cpus=1) == 1
+
+
+def test_default_receive_fetches_the_auto_chunk_count(
+    sender: HTTPTransport[dict[str, Any]],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without num_chunks the receiver fetches `auto_chunks(payload)` chunks (the
+    bytes per chunk scaled down so a 16 MiB payload makes several), and an
+    explicit 0 still means one stream, as in torchft."""
+    monkeypatch.setattr(http_transport, "AUTO_CHUNK_BYTES", 4 << 20)
+    sd = state_dict()
+    sender.send_checkpoint([1], 3, sd, T)
+    payload = sum(t.numel() * 4 for t in sd.values() if isinstance(t, torch.Tensor))
+    expected = http_transport.auto_chunks(payload)
+    for kw, chunks in (({}, expected), ({"num_chunks": 0}, 1)):
+        r = receiver(**kw)
+        try:
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="torchft_pg.checkpointing"):
+                check_same(sd, r.recv_checkpoint(0, sender.metadata(), 3, T))
+        finally:
+            r.shutdown()
+        line = next(m for m in caplog.messages if "received" in m)
+        assert re.search(rf"\bchunks={chunks}\b", line), (kw, line)
