@@ -13,7 +13,9 @@ The machine may be shared, so every in-process row is measured once per round,
 in an order shuffled per round (fixed seeds), for up to ``--repeats`` rounds; a
 row's figure is its median, and its ratio is the median over rounds of (row /
 TCP stream in the same round): a paired comparison, so load that comes and goes
-hits both sides of each pair. The load average is printed with the table.
+hits both sides of each pair. Each row also shows the CPU seconds both ends
+used per heal (from /proc, all threads, 10 ms ticks; median): the work that
+load on the machine turns into wall time. The load average is printed too.
 
     .venv/bin/python bench/heal.py [--mb 400] [--repeats 9] [--cold 2] [--budget-s 120]
                                    [--chunks 0] [--no-save] [--torchft-python PATH]
@@ -354,10 +356,31 @@ class TorchftPair:
 # --- measurement and report ---
 
 
+Config = tuple[str, Callable[[], Any], tuple[int, ...]]  # name, one heal, pids of both ends
+
+
+def _cpu_seconds(pids: tuple[int, ...]) -> float | None:
+    """CPU seconds (user + system, all threads) the processes `pids` used so far;
+    None where /proc cannot say. Resolution: one clock tick (10 ms)."""
+    total = 0
+    try:
+        for pid in pids:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    except (OSError, IndexError, ValueError):
+        return None
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _rounds(
-    configs: list[tuple[str, Callable[[], Any]]], repeats: int, until: float
-) -> dict[str, list[float]]:
-    """Seconds per config, measured round-robin for up to `repeats` rounds.
+    configs: list[Config], repeats: int, until: float
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Seconds per config, and CPU seconds its two ends used, measured round-robin
+    for up to `repeats` rounds.
+
+    CPU time is what load on a shared machine inflates wall time with: a row
+    that does more work falls behind further when cores are scarce.
 
     Interleaving the configs spreads load from other processes on a shared
     machine evenly over the rows; each result is freed outside the timed region.
@@ -367,18 +390,23 @@ def _rounds(
     one row always paid for its predecessor's pattern (a row measured 1.7x its
     identical twin). After the first round, no round starts past monotonic time `until`.
     """
-    times: dict[str, list[float]] = {name: [] for name, _ in configs}
+    times: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    cpu: dict[str, list[float]] = {name: [] for name, _, _ in configs}
     for r in range(repeats):
         if r > 0 and time.monotonic() > until:
             break
         order = list(configs)
         random.Random(r).shuffle(order)
-        for name, fn in order:
+        for name, fn, pids in order:
+            c0 = _cpu_seconds(pids)
             t0 = time.perf_counter()
             out = fn()
             times[name].append(time.perf_counter() - t0)
+            c1 = _cpu_seconds(pids)
+            if c0 is not None and c1 is not None:
+                cpu[name].append(c1 - c0)
             del out
-    return times
+    return times, cpu
 
 
 def _paired(ts: list[float], base: list[float]) -> float | None:
@@ -389,6 +417,7 @@ def _paired(ts: list[float], base: list[float]) -> float | None:
 
 def _report(
     samples: dict[str, list[float]],
+    cpu: dict[str, list[float]],
     paired_rows: set[str],
     nbytes: int,
     budget_s: int,
@@ -401,10 +430,13 @@ def _report(
     print(
         f"\nheal of a {nbytes / 1e6:.0f} MB ({nbytes >> 20} MiB) fp32 state dict over loopback; "
         f"rows interleaved round-robin; x TCP = median over rounds of row / TCP stream "
-        f"(same round), new-process rows: row median / TCP median; load average "
+        f"(same round), new-process rows: row median / TCP median; CPU s = median CPU "
+        f"seconds both ends used per heal; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
-    print(f"{'transport':<58}{'n':>3}{'median s':>9}{'GB/s':>7}{'best s':>8}{'x TCP':>8}")
+    print(
+        f"{'transport':<58}{'n':>3}{'median s':>9}{'GB/s':>7}{'best s':>8}{'x TCP':>8}{'CPU s':>7}"
+    )
     rows: dict[str, dict[str, Any]] = {}
     for name, ts in samples.items():
         if not ts:
@@ -413,16 +445,18 @@ def _report(
         med = statistics.median(ts)
         ratio = _paired(ts, base) if name in paired_rows else med / base_med
         assert ratio is not None
+        used = statistics.median(cpu[name]) if cpu.get(name) else None
         rows[name] = {
             "n": len(ts),
             "median_s": round(med, 4),
             "median_GBps": round(nbytes / med / 1e9, 3),
             "best_s": round(min(ts), 4),
             "x_tcp_stream": round(ratio, 3),
+            "cpu_s": None if used is None else round(used, 3),
         }
         print(
             f"{name:<58}{len(ts):>3}{med:>9.3f}{nbytes / med / 1e9:>7.2f}{min(ts):>8.3f}"
-            f"{ratio:>7.2f}x"
+            f"{ratio:>7.2f}x" + ("" if used is None else f"{used:>7.2f}")
         )
     print(torchft_note)
     # The default receive (no state dict of its own) lands in fresh memory, so it is
@@ -513,12 +547,13 @@ def main() -> None:
                 data = f.read()
             return torch.load(io.BytesIO(data), weights_only=True)
 
-        configs: list[tuple[str, Callable[[], Any]]] = [
-            (BASELINE, lambda: recv_raw(raw_port, prealloc)),
-            (FRESH, fresh),
+        ours = (os.getpid(), proc.pid or 0)  # this receiver, the serving child
+        configs: list[Config] = [
+            (BASELINE, lambda: recv_raw(raw_port, prealloc), ours),
+            (FRESH, fresh, ours),
         ]
         if not args.no_save:
-            configs.append(("torch.save/load via socket", torch_load))
+            configs.append(("torch.save/load via socket", torch_load, ours))
         chunk_list = [int(c) for c in args.chunks.split(",") if c.strip()]
         default_row = "HTTPTransport default"
         for chunks in [None, *chunk_list]:
@@ -535,7 +570,9 @@ def main() -> None:
                     holder["sd"] = t.recv_checkpoint(0, url, STEP, TIMEOUT)
                 name = "default" if chunks is None else f"num_chunks={chunks}"
                 label = f"HTTPTransport {name}{', in place' if in_place else ''}"
-                configs.append((label, functools.partial(t.recv_checkpoint, 0, url, STEP, TIMEOUT)))
+                configs.append(
+                    (label, functools.partial(t.recv_checkpoint, 0, url, STEP, TIMEOUT), ours)
+                )
         for in_place in (False, True):
             dst: dict[str, Any] = {}
             pgt = PGTransport[dict[str, Any]](
@@ -553,14 +590,15 @@ def main() -> None:
 
             if in_place:
                 dst["sd"] = pg_recv()
-            configs.append((f"PGTransport gloo{', in place' if in_place else ''}", pg_recv))
+            configs.append((f"PGTransport gloo{', in place' if in_place else ''}", pg_recv, ours))
         if args.torchft_python:
             torchft = TorchftPair(args.torchft_python, args.mb)
             pair = torchft
+            theirs = tuple(p.pid for p in pair.procs)
             configs += [
-                ("torchft HTTPTransport num_chunks=0", lambda: pair.heal("http")),
-                ("torchft PGTransport gloo", lambda: pair.heal("pg")),
-                ("torchft PGTransport gloo, in place", lambda: pair.heal("pg in place")),
+                ("torchft HTTPTransport num_chunks=0", lambda: pair.heal("http"), theirs),
+                ("torchft PGTransport gloo", lambda: pair.heal("pg"), theirs),
+                ("torchft PGTransport gloo, in place", lambda: pair.heal("pg in place"), theirs),
             ]
             torchft_note = f"torchft: measured in this run ({args.torchft_python})"
         else:
@@ -568,13 +606,13 @@ def main() -> None:
                 "torchft: not run (set TORCHFT_PYTHON or --torchft-python to a python with "
                 "torchft installed to add its rows)"
             )
-        samples = _rounds(configs, args.repeats, _T0 + 0.6 * args.budget_s)
+        samples, cpu = _rounds(configs, args.repeats, _T0 + 0.6 * args.budget_s)
         paired_rows = set(samples)
         for chunks, in_place in ((None, False), (None, True)):
             label = f"HTTPTransport default, new process{', in place' if in_place else ''}"
             samples[label] = _cold(url, chunks, args.mb, in_place, args.cold, soft_end)
         signal.alarm(0)  # measured: report before any teardown can stall
-        _report(samples, paired_rows, nbytes, args.budget_s, default_row, torchft_note)
+        _report(samples, cpu, paired_rows, nbytes, args.budget_s, default_row, torchft_note)
         parent.send("stop")
         proc.join(3)
     finally:
