@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +15,6 @@ from torchft_pg.checkpointing.layout import (
     PieceDigests,
     Segment,
     byte_view,
-    empty_bytes,
     iter_pieces,
     piece_digest,
     plan_chunks,
@@ -174,35 +171,3 @@ def test_byte_view_aliases_tensor_memory() -> None:
     assert t[0].item() == 7
     with pytest.raises(ValueError, match="contiguous CPU"):
         byte_view(torch.zeros(4, 4).t())
-
-
-def _vm_flags(addr: int) -> list[str]:
-    """The VmFlags of the mapping of this process that holds `addr`."""
-    found = False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        head = line.split()[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            found = lo <= addr < hi
-        elif found and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    raise AssertionError(f"no mapping holds {addr:#x}")
-
-
-def test_empty_bytes_is_a_fresh_uint8_buffer() -> None:
-    for n in (0, 1, 4095, (3 << 20) + 5):
-        t = empty_bytes(n)
-        assert t.dtype == torch.uint8 and t.shape == (n,) and t.device.type == "cpu"
-        t.fill_(7)
-        assert int(t.sum()) == 7 * n
-
-
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux")
-    or not Path("/sys/kernel/mm/transparent_hugepage").exists(),
-    reason="transparent huge pages are a Linux kernel feature, not built here",
-)
-def test_empty_bytes_advises_huge_pages_for_its_whole_2mib_pages() -> None:
-    t = empty_bytes(16 << 20)
-    inside = -(-t.data_ptr() // (2 << 20)) * (2 << 20)  # its first whole 2 MiB page
-    assert "hg" in _vm_flags(inside), "MADV_HUGEPAGE sets the mapping's hg flag"

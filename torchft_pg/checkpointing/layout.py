@@ -31,8 +31,6 @@ is validated separately for that).
 from __future__ import annotations
 
 import ctypes
-import mmap
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -46,7 +44,6 @@ __all__ = [
     "PieceDigests",
     "Segment",
     "byte_view",
-    "empty_bytes",
     "iter_pieces",
     "piece_digest",
     "plan_chunks",
@@ -214,45 +211,6 @@ class PieceDigests:
                 if stop():
                     return
                 self.of(p)
-
-
-_HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages): a PMD-sized transparent huge page
-
-
-@lru_cache(maxsize=1)
-def _madvise() -> Callable[[int, int, int], int] | None:
-    """libc's ``madvise(addr, length, advice)``, or None where there is none to call."""
-    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def empty_bytes(nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """A fresh, uninitialised 1-D uint8 tensor of `nbytes` bytes on `device`.
-
-    On Linux, the whole 2 MiB pages inside a large CPU one are advised to use
-    transparent huge pages (``MADV_HUGEPAGE``) before anything touches them, so
-    its first write faults memory in 2 MiB at a time instead of 4 KiB. Fresh
-    memory's page faults are what a heal into it pays beyond the copy: on the
-    2-core dev VM 400 MiB took 0.19 s to fault in as 4 KiB pages and 0.045 s as
-    huge pages, against 0.15 s for a loopback TCP stream to move it. Only
-    advice: where THP is off (``never``) or the call fails, the memory is
-    ordinary; memory the allocator reuses is already faulted in anyway.
-    """
-    t = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    advise = _madvise() if t.device.type == "cpu" else None
-    if advise is not None:
-        start = -(-t.data_ptr() // _HUGE_PAGE) * _HUGE_PAGE
-        end = (t.data_ptr() + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-        if end > start:
-            advise(start, end - start, mmap.MADV_HUGEPAGE)  # non-zero: ordinary pages
-    return t
 
 
 def storage_bytes(t: torch.Tensor, offset: int, length: int) -> torch.Tensor:

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from torchft_pg.checkpointing.dtensor_layout import MeshSpec, describe_layouts, rebuild
-from torchft_pg.checkpointing.layout import PieceDigests, empty_bytes, storage_bytes
+from torchft_pg.checkpointing.layout import PieceDigests, storage_bytes
 from torchft_pg.checkpointing.skeleton import (
     Path,
     Skeleton,
@@ -158,9 +158,8 @@ def _layout(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[list[
 
 
 def _fresh_cpu(blob: torch.Tensor) -> torch.Tensor:
-    """A copy of 1-D uint8 `blob` in CPU memory of its own (never a view of the
-    original), in huge pages where the kernel allows (`layout.empty_bytes`)."""
-    return empty_bytes(blob.numel()).copy_(blob)
+    """A copy of `blob` in CPU memory of its own (never a view of the original)."""
+    return blob.clone() if blob.device.type == "cpu" else blob.cpu()
 
 
 def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
@@ -193,7 +192,7 @@ def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
         for k in ks:
             starts.append(total)
             total = -(-(total + parts[k].numel()) // _ALIGN) * _ALIGN
-        combined = empty_bytes(total, device)
+        combined = torch.empty(total, dtype=torch.uint8, device=device)
         for k, start in zip(ks, starts, strict=True):
             combined[start : start + parts[k].numel()].copy_(parts[k])
             where.update((i, (len(blobs), start + off)) for i, off in users[k])
@@ -292,8 +291,7 @@ def prepare_receive(
 
     `template` is the receiver's current state dict (or None). A blob goes
     straight into a destination tensor on `device` when `direct_targets` allows;
-    the others get a fresh uint8 buffer on `device` (`layout.empty_bytes`: in
-    huge pages where the kernel allows, so faulting it in costs less).
+    the others get a fresh uint8 buffer on `device`.
     """
     dests = destinations(skeleton, template) if template is not None else {}
     on_device = {i: d for i, d in dests.items() if local_shard(d).device == device}
@@ -304,7 +302,7 @@ def prepare_receive(
             blobs.append(direct[b])
             continue
         try:
-            blobs.append(empty_bytes(size, device))
+            blobs.append(torch.empty(size, dtype=torch.uint8, device=device))
         except RuntimeError as exc:  # out of memory
             raise RecoveryError(
                 f"cannot allocate {size} bytes on {device} for blob {b}: {exc}"
