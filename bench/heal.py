@@ -467,7 +467,7 @@ def _report(
     if default_row in rows:
         print(
             f"target: default HTTP heal <= {TARGET:.2f}x one TCP stream: "
-            f"{'met' if met else 'not met'} ({rows[default_row]['x_tcp_stream']:.2f}x); "
+            f"{'met' if met else 'not met'} ({rows[default_row]['x_tcp_stream']:.3f}x); "
             f"{vs_fresh:.2f}x the TCP stream into fresh tensors (the same memory work); "
             + (f"in place {rows[in_place]['x_tcp_stream']:.2f}x" if in_place in rows else "")
         )
