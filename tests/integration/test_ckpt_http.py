@@ -262,7 +262,7 @@ def test_constructor_takes_torchfts_forms() -> None:
     finally:
         for t in made:
             t.shutdown()
-    assert got == [(10.0, 2), (10.0, 0), (2.5, 0), (3.0, 1)]
+    assert got == [(10.0, 2), (10.0, 0), (2.5, None), (3.0, 1)]  # None: auto_chunks
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ def test_constructor_takes_torchfts_forms() -> None:
         ((0,), ValueError, "timeout must be positive, got 0"),
         ((timedelta(seconds=-1),), ValueError, "timeout must be positive, got -1 day"),
         ((float("nan"),), ValueError, "timeout must be a finite number of seconds, got nan"),
-        ((T, 2.0), TypeError, "num_chunks must be an int, got float 2.0"),
+        ((T, 2.0), TypeError, "num_chunks must be an int or None, got float 2.0"),
         ((T, MAX_CHUNKS + 1), ValueError, f"num_chunks must be in \\[0, {MAX_CHUNKS}\\]"),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from torchft_pg.checkpointing.layout import (
     ALIGN_BYTES,
     PIECE_BYTES,
     Digest,
+    PieceDigests,
     Segment,
     byte_view,
     iter_pieces,
@@ -55,11 +57,52 @@ def test_plan_rejects_bad_arguments() -> None:
         plan_chunks([-1], 1)
 
 
-def test_pieces_tile_a_segment() -> None:
+def test_pieces_tile_a_segment_on_the_blob_grid() -> None:
     seg = Segment(2, 4096, 2 * PIECE_BYTES + 5)
     pieces = list(iter_pieces(seg))
-    assert [p.length for p in pieces] == [PIECE_BYTES, PIECE_BYTES, 5]
-    assert pieces[0].offset == 4096 and pieces[-1].offset == 4096 + 2 * PIECE_BYTES
+    assert [p.length for p in pieces] == [PIECE_BYTES - 4096, PIECE_BYTES, 4096 + 5]
+    assert [p.offset for p in pieces] == [4096, PIECE_BYTES, 2 * PIECE_BYTES]
+    assert all(p.blob == 2 for p in pieces)
+    on_grid = list(iter_pieces(Segment(0, PIECE_BYTES, PIECE_BYTES + 1)))
+    assert [(p.offset, p.length) for p in on_grid] == [
+        (PIECE_BYTES, PIECE_BYTES),
+        (2 * PIECE_BYTES, 1),
+    ]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7])
+def test_kept_piece_digests_match_the_fresh_ones_for_any_chunking(n: int) -> None:
+    """The sender's kept digests fold to the value the receiver computes from the
+    bytes, whatever the chunk cuts, before and after `fill`."""
+    blobs = [
+        torch.randint(0, 256, (size,), dtype=torch.uint8)
+        for size in (2 * PIECE_BYTES + 12_345, 100, PIECE_BYTES)
+    ]
+    kept = PieceDigests(blobs)
+    plan = plan_chunks([b.numel() for b in blobs], n)
+
+    def fold(of: Callable[[Segment], int]) -> list[int]:
+        out = []
+        for chunk in plan:
+            d = Digest()
+            for seg in chunk:
+                for p in iter_pieces(seg):
+                    d.update(of(p))
+            out.append(d.value)
+        return out
+
+    fresh = fold(lambda p: piece_digest(blobs[p.blob][p.offset : p.offset + p.length]))
+    assert fold(kept.of) == fresh
+    kept.fill(lambda: False)
+    assert fold(kept.of) == fresh
+
+
+def test_fill_stops_when_asked() -> None:
+    blobs = [torch.zeros(3 * PIECE_BYTES, dtype=torch.uint8)]
+    kept = PieceDigests(blobs)
+    calls = iter([False, True])
+    kept.fill(lambda: next(calls))
+    assert kept._known == [[piece_digest(blobs[0][:PIECE_BYTES]), None, None]]
 
 
 def test_digest_detects_flips_swaps_and_truncation() -> None:
@@ -78,6 +121,32 @@ def test_digest_detects_flips_swaps_and_truncation() -> None:
     assert piece_digest(data[:-1]) != ref
     odd = data[:13]
     assert piece_digest(odd) != piece_digest(odd[:12])
+
+
+def test_digest_detects_every_single_flipped_bit() -> None:
+    """Every bit of a piece with two 4 KiB blocks, three more words and a 5-byte
+    tail: flipping any one of them changes the digest (the top bit of a word in
+    block 0, weight 1, went unseen while both fold constants were odd)."""
+    data = torch.randint(0, 256, (2 * 4096 + 3 * 8 + 5,), dtype=torch.uint8)
+    ref = piece_digest(data)
+    missed = []
+    for i in range(data.numel()):
+        for bit in range(8):
+            data[i] ^= 1 << bit
+            if piece_digest(data) == ref:
+                missed.append((i, bit))
+            data[i] ^= 1 << bit
+    assert not missed, f"flips not detected (byte, bit): {missed[:10]}"
+
+
+def test_digest_detects_top_bit_flips_in_a_full_piece() -> None:
+    data = torch.randint(0, 256, (PIECE_BYTES,), dtype=torch.uint8)
+    ref = piece_digest(data)
+    for block in (0, 1, 2, 3, 511, 1023):
+        for byte in (7, 4095):  # the sign bit of the block's first and last word
+            data[block * 4096 + byte] ^= 0x80
+            assert piece_digest(data) != ref, (block, byte)
+            data[block * 4096 + byte] ^= 0x80
 
 
 def test_digest_of_unaligned_view_matches_aligned_copy() -> None:

@@ -6,6 +6,10 @@ Endpoints (all GET):
 * ``/checkpoint/{step}/chunk/{i}/{n}?serial=S&wait_ms=W`` — chunk `i` of `n`
   (`layout.plan_chunks`): the raw blob bytes, then an 8-byte little-endian
   checksum of what was sent (`layout.piece_digest` folded by `layout.Digest`).
+  The bytes go to the socket straight from the snapshot's memory (no copy in
+  Python), and the piece checksums are the snapshot's own (`Packed.digests`):
+  computed once per snapshot, by `HTTPTransport` on a thread of its own as
+  soon as it serves, or here for a piece not reached yet.
 
 A request waits up to ``min(W ms, server timeout)`` for serving to be allowed.
 The bytes served are a snapshot (see `ServingGate`): a chunk already streaming
@@ -333,12 +337,12 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _stream(self, packed: Packed, segments: list[Segment]) -> None:
-        gate, digest = self.server.gate, Digest()
+        gate, digest, known = self.server.gate, Digest(), packed.digests
         for seg in segments:
             for p in iter_pieces(seg):
                 if not gate.may_continue(packed):
                     raise _Abort("a newer checkpoint replaced this one mid-transfer")
                 view = packed.blobs[p.blob][p.offset : p.offset + p.length]
-                self.wfile.write(byte_view(view))
-                digest.update(piece_digest(view))
+                self.wfile.write(byte_view(view))  # sendall from the tensor's memory
+                digest.update(known.of(p) if known is not None else piece_digest(view))
         self.wfile.write(digest.value.to_bytes(8, "little"))

@@ -17,7 +17,16 @@ timeout is spent and then raises `http_fetch.CheckpointTimeoutError` (a
 The receiver streams each piece straight into preallocated tensors (or into
 its own tensors when `state_dict` is given) and checks every checksum; with
 ``num_chunks > 0`` it fetches that many chunks in parallel over separate
-connections. DTensors travel as their local shards plus their layout, and come
+connections, with ``num_chunks=0`` one, and by default (None) as many as
+`auto_chunks` picks for the payload's size once the metadata says it: one per
+`AUTO_CHUNK_BYTES`, at most one per CPU this process may run on and at most
+`AUTO_MAX_CHUNKS`. Parallel connections spread the receiver's work over its
+cores, one receiving thread each: the kernel's copies, the checksums and, for
+a receiver without a `state_dict`, the page faults of fresh memory. On the
+2-core dev VM two connections beat one in 6 of 7 paired runs of a 400 MiB heal
+(medians 0.23 vs 0.24 s into fresh tensors, 0.15 vs 0.16 s in place); a
+connection and its threads cost 1-3 ms to set up there, so a small payload
+keeps one. DTensors travel as their local shards plus their layout, and come
 back as DTensors (see `serialization`).
 
 `send_checkpoint` serves a state dict for a step; `disallow_checkpoint` stops
@@ -40,6 +49,11 @@ and retry at the next quorum), so it is freed before the new one is made. A
 receiver stalled mid-transfer is also cut off by the socket timeout. (A healer
 in the sender's quorum still holds up the sender's allreduces until it has
 healed, as it joins them only then; that is the collective, not serving.)
+Because the snapshot never changes, its checksums are computed once, on a
+thread of their own started when it is served, not by every transfer
+(`layout.PieceDigests`): a transfer only sends (0.03 s of CPU saved per
+400 MiB sent on the dev VM), and the checksum also covers the snapshot's
+memory between the copy and the send.
 
 With TLS configured (``tls``, else ``TORCHFT_TLS_CERT``/``TORCHFT_TLS_KEY``/
 ``TORCHFT_TLS_CA``, see ``lighthouse.tls``) the server speaks HTTPS only, the
@@ -55,6 +69,7 @@ clusters. Pass `advertise_host` (the address of the NIC heals should use).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -90,10 +105,40 @@ from torchft_pg.checkpointing.transport import (
 )
 from torchft_pg.errors import RecoveryError
 
-__all__ = ["MAX_CHUNKS", "HTTPTransport", "default_advertise_host"]
+__all__ = [
+    "AUTO_CHUNK_BYTES",
+    "AUTO_MAX_CHUNKS",
+    "MAX_CHUNKS",
+    "HTTPTransport",
+    "auto_chunks",
+    "default_advertise_host",
+]
 
 T = TypeVar("T")
 _WILDCARDS = ("", "0.0.0.0", "::")
+#: With the default ``num_chunks``, one parallel chunk per this many payload bytes.
+AUTO_CHUNK_BYTES = 128 << 20
+#: With the default ``num_chunks``, at most this many parallel chunks.
+AUTO_MAX_CHUNKS = 8
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what a container or taskset lets us use
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def auto_chunks(payload_bytes: int, cpus: int | None = None) -> int:
+    """How many parallel chunks a receive with the default ``num_chunks`` fetches.
+
+    One per `AUTO_CHUNK_BYTES` of `payload_bytes` (a chunk's connection and
+    threads cost 1-3 ms, a few MB of transfer), at most one per CPU
+    (`cpus`, default: those this process may run on; more connections than
+    cores only contend) and at most `AUTO_MAX_CHUNKS`; at least one.
+    """
+    cpus = _usable_cpus() if cpus is None else cpus
+    return max(1, min(payload_bytes // AUTO_CHUNK_BYTES, cpus, AUTO_MAX_CHUNKS))
 
 
 def default_advertise_host(bind_host: str) -> str:
@@ -127,7 +172,8 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             takes no bytes for this long is cut off); a `timedelta` or seconds
             (int or float).
         num_chunks: receive in this many parallel chunks/connections; 0 means one
-            streamed request. At most `MAX_CHUNKS`.
+            streamed request; None (the default) lets `auto_chunks` pick from the
+            payload's size and this host's CPUs. At most `MAX_CHUNKS`.
         bind_host: address to listen on ("0.0.0.0" = every IPv4 interface; an
             IPv6 literal listens on IPv6). The port is ephemeral. Bind to the
             network heals should use. None: "0.0.0.0" with a job secret, else
@@ -154,7 +200,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
     def __init__(
         self,
         timeout: timedelta | float,
-        num_chunks: int = 0,
+        num_chunks: int | None = None,
         bind_host: str | None = None,
         advertise_host: str | None = None,
         state_dict: Callable[[], T] | None = None,
@@ -179,11 +225,12 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
                 exposure.check_advertised(what, bind_host, advertise_host)
             auth.warn_if_exposed(logger, what, bind_host, self._job_secret)
         self._tls = tls if tls is not None else resolve_tls()
-        if type(num_chunks) is not int:
+        if num_chunks is not None and type(num_chunks) is not int:
             raise TypeError(
-                f"num_chunks must be an int, got {type(num_chunks).__name__} {num_chunks!r:.100}"
+                f"num_chunks must be an int or None, got {type(num_chunks).__name__} "
+                f"{num_chunks!r:.100}"
             )
-        if not 0 <= num_chunks <= MAX_CHUNKS:
+        if num_chunks is not None and not 0 <= num_chunks <= MAX_CHUNKS:
             raise ValueError(f"num_chunks must be in [0, {MAX_CHUNKS}], got {num_chunks}")
         if not isinstance(bind_host, str):
             raise TypeError(f"bind_host must be a str, got {type(bind_host).__name__}")
@@ -293,6 +340,7 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
         start = time.perf_counter()
         packed = pack(state_dict, step, snapshot=True)
         self._gate.allow(step, packed)
+        self._start_digests(packed)
         # A transfer that entered the earlier checkpoint just before the gate closed
         # may have registered after the cut above: it stops at its next piece, or here.
         cut += self._server.cut_streams(keep=packed)
@@ -309,6 +357,22 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             time.perf_counter() - start,
             self.metadata(),
         )
+
+    def _start_digests(self, packed: Packed) -> None:
+        """Checksum the snapshot's pieces on a thread of its own, so transfers only
+        send (they compute a piece themselves if they get there first). The thread
+        stops once the snapshot is no longer served or drained, so it holds the
+        snapshot's memory no longer than the gate does (plus one piece)."""
+        digests = packed.digests
+        if digests is None:
+            return
+        gate = self._gate
+        threading.Thread(
+            target=digests.fill,
+            args=(lambda: not gate.may_continue(packed),),
+            name="ckpt-digest",
+            daemon=True,
+        ).start()
 
     def disallow_checkpoint(self) -> None:
         """Stop serving to new requests; returns at once, without waiting for any
@@ -370,10 +434,10 @@ class HTTPTransport(CheckpointTransport[T], Generic[T]):
             raise RecoveryError(f"{fetch.peer} sent step {skeleton.step}, expected step {step}")
         template = self._state_dict() if self._state_dict is not None else None
         dests, direct, blobs = prepare_receive(skeleton, template, torch.device("cpu"))
-        n = max(1, self._num_chunks)
+        nbytes = sum(skeleton.blob_sizes)
+        n = auto_chunks(nbytes) if self._num_chunks is None else max(1, self._num_chunks)
         fetch.get_chunks(skeleton, blobs, n)
         result = unpack(skeleton, blobs, dests)
-        nbytes = sum(skeleton.blob_sizes)
         self._received_bytes = nbytes + len(meta)
         log_transfer(
             "received",

@@ -38,13 +38,13 @@ global stride). What the receiver gets at that path:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from torchft_pg.checkpointing.dtensor_layout import MeshSpec, describe_layouts, rebuild
-from torchft_pg.checkpointing.layout import storage_bytes
+from torchft_pg.checkpointing.layout import PieceDigests, storage_bytes
 from torchft_pg.checkpointing.skeleton import (
     Path,
     Skeleton,
@@ -76,12 +76,18 @@ _ALIGN = 64  # byte alignment of each part inside a combined blob
 
 @dataclass
 class Packed:
-    """A state dict ready to send: encoded skeleton + blobs (uint8, 1-D)."""
+    """A state dict ready to send: encoded skeleton + blobs (uint8, 1-D).
+
+    `digests` keeps the blobs' piece checksums when the blobs are a snapshot
+    (nobody writes to them, so each piece is checksummed once however often it
+    is sent); None when they alias the caller's live tensors.
+    """
 
     step: int
     skeleton_bytes: bytes
     skeleton: Skeleton
     blobs: list[torch.Tensor]
+    digests: PieceDigests | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -164,7 +170,8 @@ def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
     blob is instead a fresh CPU tensor holding the bytes as they are now (one
     copy of the state: a memcpy for CPU tensors, the device-to-host copy a CPU
     server needs anyway for accelerator tensors), so the caller may mutate its
-    tensors as soon as `pack` returns.
+    tensors as soon as `pack` returns, and `Packed.digests` keeps the snapshot's
+    piece checksums once computed.
     """
     raw: list[torch.Tensor] = []
     paths: list[Path] = []
@@ -200,7 +207,7 @@ def pack(state_dict: Any, step: int, *, snapshot: bool = False) -> Packed:
     layouts = describe_layouts(raw, dtensors) if dtensors else {}
     data = encode_skeleton(step, serial, tree, metas, sizes, layouts)
     skeleton = Skeleton(step, serial, tree, metas, paths, sizes, dtensors, layouts)
-    return Packed(step, data, skeleton, blobs)
+    return Packed(step, data, skeleton, blobs, PieceDigests(blobs) if snapshot else None)
 
 
 def destinations(skeleton: Skeleton, template: Any) -> dict[int, torch.Tensor]:

@@ -57,7 +57,9 @@ __all__ = [
     "flatten",
 ]
 
-FORMAT = "torchft_pg.checkpoint/2"
+# /3: the piece checksum and chunk cuts changed (`layout`); an older peer is refused
+# by name instead of failing every heal on a checksum mismatch.
+FORMAT = "torchft_pg.checkpoint/3"
 #: Refuse skeletons larger than this many bytes (a corrupt or hostile header).
 MAX_SKELETON_BYTES = 256 << 20
 _MAX_DEPTH = 100
