@@ -13,7 +13,6 @@ test says so, so member 1's op outlives any wait the test wants it to.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.multiproc import store_server
+from tests.integration.gloo_pair import gloo_pair
 from tests.threads import run_in_threads
 from torchft_pg import ProcessGroupGloo, ProcessGroupTimeoutError
 from torchft_pg.errors import ProcessGroupAbortedError
@@ -35,20 +34,8 @@ SLACK_S = 1.5  # scheduling delay a loaded CI machine may add past a deadline
 @pytest.fixture
 def pair() -> Iterator[list[ProcessGroupGloo]]:
     """Two configured members of one Gloo group; aborted (in-flight ops fail) afterwards."""
-    with store_server() as store:
-        pgs = [ProcessGroupGloo(timeout=GROUP_TIMEOUT) for _ in range(2)]
-        addr = f"127.0.0.1:{store.port}/gloo-wait"
-
-        def configure(rank: int) -> None:
-            pgs[rank].configure(addr, rank, 2)
-
-        run_in_threads([functools.partial(configure, r) for r in range(2)])
-        try:
-            yield pgs
-        finally:
-            for pg in pgs:
-                pg.abort()
-                pg.shutdown()
+    with gloo_pair("gloo-wait", GROUP_TIMEOUT) as pgs:
+        yield pgs
 
 
 def test_an_op_that_outlives_the_first_wait_completes_with_its_result(

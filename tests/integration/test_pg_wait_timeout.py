@@ -7,7 +7,6 @@ waits on, so only the timeout can end member 1's wait.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -15,8 +14,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from tests.multiproc import store_server
-from tests.threads import run_in_threads
+from tests.integration.gloo_pair import gloo_pair
 from torchft_pg import ProcessGroupGloo, ProcessGroupTimeoutError
 from torchft_pg.checkpointing import PGTransport
 from torchft_pg.errors import RecoveryError
@@ -31,20 +29,8 @@ TORCHFT_TIMEOUT_REGEX = r".*(Timed out|timed out|timeout|time out).*"  # torchft
 @pytest.fixture
 def pair() -> Iterator[list[ProcessGroupGloo]]:
     """Two configured members of one Gloo group; aborted (in-flight ops fail) afterwards."""
-    with store_server() as store:
-        pgs = [ProcessGroupGloo(timeout=GROUP_TIMEOUT) for _ in range(2)]
-        addr = f"127.0.0.1:{store.port}/wait-timeout"
-
-        def configure(rank: int) -> None:
-            pgs[rank].configure(addr, rank, 2)
-
-        run_in_threads([functools.partial(configure, r) for r in range(2)])
-        try:
-            yield pgs
-        finally:
-            for pg in pgs:
-                pg.abort()
-                pg.shutdown()
+    with gloo_pair("wait-timeout", GROUP_TIMEOUT) as pgs:
+        yield pgs
 
 
 def test_explicit_wait_timeout_bounds_a_recv_and_reaches_gloo(pair: list[ProcessGroupGloo]) -> None:
