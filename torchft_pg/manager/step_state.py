@@ -13,10 +13,12 @@ what each part may touch is visible in one place:
   quorum (`max_step`, `replica_rank`, `replica_ids`, `heal_source`,
   `quorum_heals`);
 * the gradient sync writes `peer_wait_ms` and `collectives_done` as each
-  allreduce completes, and `skipped_collectives` when it issues none (the quorum round reads the first, and clears it, when
-  the next step starts, and sends the second with every request);
-* any part reports a failure (`report_error`); the Manager clears it when a
-  new step starts (`begin_step`);
+  allreduce completes (the quorum round reads the first, and clears it, when
+  the next step starts, and sends the second with every request), and
+  `skipped_collectives` when it issues an op of a failed step nowhere;
+* any part reports a failure (`report_error`); the quorum round clears it,
+  and `skipped_collectives`, when a new step starts (`begin_step`), once it
+  holds failure notices;
 * the integrity check writes `integrity_report` when it finds this group's
   state (or its heal source's, or its averaged gradient) corrupt, and the quorum round sends it once,
   with its next request, and clears it;
