@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -311,9 +312,9 @@ def test_late_notice_about_the_old_quorum_does_not_poison_the_next_step() -> Non
     manager.shutdown()
 
 
-def test_notice_arriving_while_a_leased_round_forms_fails_that_step() -> None:
+def test_notice_arriving_while_a_leased_round_forms_fails_that_steps_collectives() -> None:
     # a round answered from a quorum lease keeps the quorum id: a death notice
-    # that raced with it concerns the step it starts
+    # that raced with it concerns the step it starts, whose first collective fails it
     manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=1, world=3)])
     manager.start_quorum()
     manager.wait_quorum()
@@ -324,6 +325,68 @@ def test_notice_arriving_while_a_leased_round_forms_fails_that_step() -> None:
     assert manager.errored() is None and pg.aborted == 0  # held until the quorum is taken
     client.gate.set()
     manager.wait_quorum()
+    assert pg.aborted == 1  # applied once the quorum was taken
+    issued = len(pg.ops)
+    t = torch.ones(1)
+    manager.allreduce(t).wait()
+    assert len(pg.ops) == issued and t.item() == 1.0  # not issued with a member declared dead
+    assert "r2" in str(manager.errored())
+    assert manager.should_commit() is False
+    manager.shutdown()
+
+
+def test_a_death_notice_after_the_steps_collectives_completed_leaves_the_step_to_its_vote() -> None:
+    """The member the lighthouse declares dead took part in every collective of
+    the step that completed. It may be alive, cut off only from the lighthouse,
+    and commit that step on its lease: failing it here would make the next
+    quorum run the step again without it, and the job's history would fork."""
+    manager, client, _, pg = make([result(quorum_id=1, world=3), result(quorum_id=2, world=2)])
+    manager.start_quorum()
+    manager.wait_quorum()
+    t = torch.ones(1)
+    manager.allreduce(t).wait()
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    assert pg.aborted == 1  # nothing more runs with it
+    assert manager.errored() is None
+    assert manager.should_commit() is True
+    assert manager.current_step() == 1
+    manager.start_quorum()  # the next step is on the quorum without it
+    manager.wait_quorum()
+    t = torch.ones(1)
+    manager.allreduce(t).wait()
+    assert manager.errored() is None and manager.should_commit() is True
+    manager.shutdown()
+
+
+def test_a_collective_running_at_a_death_notice_that_completes_in_its_grace_commits() -> None:
+    manager, client, _, pg = make([result(quorum_id=1, world=3)], timeout=timedelta(seconds=60))
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True
+    t = torch.ones(1)
+    work = manager.allreduce(t)
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    assert pg.aborted == 0 and manager.errored() is None  # it still runs: the grace
+    pg.pending[0].set_result([pg.held[0][0].mul_(3)])  # every member's part arrived
+    work.wait()
+    assert t.item() == 1.0  # the average of three ones
+    assert manager.should_commit() is True
+    manager.shutdown()
+
+
+def test_a_collective_still_running_after_its_grace_fails_the_step() -> None:
+    manager, client, _, pg = make([result(quorum_id=1, world=3)], timeout=timedelta(seconds=60))
+    manager.start_quorum()
+    manager.wait_quorum()
+    pg.hold = True  # the op never completes on its own: the member really is gone
+    t = torch.full((1,), 5.0)
+    work = manager.allreduce(t)
+    client.failure_callback(FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",)))
+    started = time.monotonic()
+    work.get_future().wait()
+    waited = time.monotonic() - started
+    assert waited < 30, "the op waited for its 60 s timeout, not the notice's grace"
+    assert t.item() == 5.0  # left as it was
     assert "r2" in str(manager.errored()) and pg.aborted == 1
     assert manager.should_commit() is False
     manager.shutdown()
@@ -373,7 +436,9 @@ def test_step_scoped_notice_fails_only_that_step() -> None:
     client.failure_callback(
         FailureNotice(epoch="ep", quorum_id=1, dead_replica_ids=("r2",), step=1)
     )
-    assert "left the lease at step 1" in str(manager.errored()) and pg.aborted == 1
+    assert pg.aborted == 1
+    manager.allreduce(torch.ones(1)).wait()  # refused: the step's collectives are fenced
+    assert "left the lease at step 1" in str(manager.errored())
     assert manager.should_commit() is False
     manager.shutdown()
 

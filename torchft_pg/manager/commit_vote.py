@@ -78,7 +78,9 @@ class CommitVote:
         self._notices.wait_inflight(self._timeout.total_seconds())
         self._round.heal_at_vote()  # asynchronous quorum: after the collectives, before the vote
         pg_error = self._pg.errored()
-        if pg_error is not None:
+        if pg_error is not None and self._state.fence is None:
+            # (A notice's fence aborts the group itself once the step's collectives
+            # completed: that abort alone does not fail the step.)
             self._state.report_error(pg_error)
         self._integrity.run()  # on a check step: a corrupt state votes no
         failed = self._state.errored() is not None

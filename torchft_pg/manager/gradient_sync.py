@@ -183,11 +183,11 @@ class GradientSync:
         """
         average = reduce_op == ReduceOp.AVG
         scheme = check_allreduce(tensor, reduce_op, should_quantize, quantization)
-        if self._state.errored() is not None:
+        if self._state.errored() is not None or self._state.refuse_collective():
             return self._skipped(tensor)
         try:
             self._round.wait()
-            if self._state.errored() is not None:
+            if self._state.errored() is not None or self._state.refuse_collective():
                 # The step failed while its round finished (a notice interrupted the
                 # configure): its process group may be torn down or the previous
                 # quorum's, so nothing is issued on it.
@@ -223,6 +223,7 @@ class GradientSync:
                 quorum's collectives)."""
                 return (
                     self._state.errored() is None
+                    and not self._state.refuse_collective()
                     and self._pg.errored() is None
                     and self._state.step_view() == view
                 )

@@ -187,7 +187,11 @@ class IntegrityCheck:
     def run(self) -> None:
         """Run this step's check if it is due (see the module docstring). Never
         raises: a failure or a finding is reported, and the step votes no."""
-        if not self.due() or self._pg.errored() is not None:
+        if not self.due():
+            return
+        if self._state.refuse_collective():
+            return  # a notice fenced the step: the exchange would run with a member declared gone
+        if self._pg.errored() is not None:
             return  # a broken group cannot exchange; its error already fails the step
         if self._state.skipped_collectives:
             # This failed step left out an allreduce its peers issued: the exchange

@@ -1,19 +1,32 @@
 """Route the lighthouse's failure notices to the step they concern.
 
 A notice says that members of a quorum died, or (with a step) that a
-recalled quorum lease stranded that step. Only a step running collectives on
-that quorum is affected: its in-flight collectives complete at once (tensors
-left as they were), the step's vote becomes no and the process group is
-aborted, so the next quorum (with a new id) rebuilds it. A notice about a
-quorum being configured interrupts the rendezvous instead of letting it run
-to its timeout. A notice arriving while the step's quorum is being formed is
-held until the quorum is taken: a step answered from a lease keeps the quorum
-id, so the notice may concern it.
+recalled quorum lease stranded that step. Only a step on that quorum is
+affected, and what happens depends on its collectives:
+
+* none running (all it issued so far completed, or none issued yet): every
+  member, the one named included, took part in what completed, so the step
+  is still voted on. A member the lighthouse declared dead may be alive and
+  merely cut off from it; it commits such a step on its lease, and if we
+  failed it the next quorum would run that step again without it and the
+  job's history would fork. The process group is aborted and the step fenced
+  (`StepState.fence`): a collective it issues from now on fails it, and then
+  fails for that member too, since we never take part in it;
+* some running: they get `INFLIGHT_GRACE_S` to complete (they do at once if
+  the member is alive); those still running then are aborted (tensors left
+  as they were), the step's vote becomes no and the group is aborted.
+
+The next quorum has a new id, so configure rebuilds the group. A notice
+about a quorum being configured interrupts the rendezvous instead of
+letting it run to its timeout. A notice arriving while the step's quorum is
+being formed is held until the quorum is taken: a step answered from a
+lease keeps the quorum id, so the notice may concern it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -22,10 +35,19 @@ from typing import Any
 from lighthouse import FailureNotice
 from torchft_pg.errors import ProcessGroupError
 from torchft_pg.futures import ProxyFuture
-from torchft_pg.manager.step_state import StepState
+from torchft_pg.manager.step_state import StepState, StepView
 from torchft_pg.process_group.base import ProcessGroup
 
-__all__ = ["NoticeRouter"]
+__all__ = ["INFLIGHT_GRACE_S", "NoticeRouter"]
+
+logger = logging.getLogger(__name__)
+
+# Seconds a collective running when a notice comes gets to complete before it is
+# aborted: one whose members are all alive completes within a transfer's time, and
+# aborting it could leave a member cut off only from the lighthouse holding its
+# result (and committing the step) while we fail it. One that waits for a member
+# that really is gone is aborted this much after the notice.
+INFLIGHT_GRACE_S = 0.2
 
 
 class NoticeRouter:
@@ -47,10 +69,17 @@ class NoticeRouter:
 
     # -- what the Manager tells the router ------------------------------------------
     def track(self, proxy: ProxyFuture[Any]) -> None:
-        """Abort `proxy` if a notice fails this step; forgotten once it completes."""
+        """Abort `proxy` if a notice fails this step; forgotten once it completes.
+
+        A collective tracked once its step is fenced was issued while the notice
+        came (the fence was not there yet when it was issued): it gets the same
+        grace as one running at the notice."""
         with self._inflight_lock:
             self._inflight.add(proxy)
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
+        fence = self._state.fence
+        if fence is not None and not proxy.done:
+            self._start_grace(self._state.step_view(), [proxy], fence, pg_aborted=True)
 
     def wait_inflight(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s`` seconds in all) until every tracked collective
@@ -130,9 +159,64 @@ class NoticeRouter:
         error = ProcessGroupError(
             f"replica(s) {sorted(dead)} of quorum {notice.quorum_id} {what}: {notice.reason}"
         )
-        self._state.report_error(error)
+        self._state.fence = error
         with self._inflight_lock:
-            inflight = list(self._inflight)
-        for proxy in inflight:
-            proxy.abort(error)
+            running = [proxy for proxy in self._inflight if not proxy.done]
+        if running:
+            self._start_grace(view, running, error, pg_aborted=False)
+            return
+        logger.info(
+            "%s %s; no collective of this step is running, so it is still voted on, "
+            "and any collective it issues from now on fails it",
+            self._state.tag(),
+            error,
+        )
         self._pg.abort()  # the next quorum has a new id, so configure rebuilds it
+
+    def _start_grace(
+        self,
+        view: StepView,
+        running: list[ProxyFuture[Any]],
+        error: Exception,
+        *,
+        pg_aborted: bool,
+    ) -> None:
+        threading.Thread(
+            target=self._abort_after_grace,
+            args=(view, running, error, pg_aborted),
+            name="torchft_pg-notice-grace",
+            daemon=True,
+        ).start()
+
+    def _abort_after_grace(
+        self,
+        view: StepView,
+        running: list[ProxyFuture[Any]],
+        error: Exception,
+        pg_aborted: bool,
+    ) -> None:
+        """Give the collectives `running` at the notice `INFLIGHT_GRACE_S` seconds
+        to complete; then fail the step if any still runs, and abort the group
+        (unless that was done already, or it was configured for another quorum
+        meanwhile)."""
+        deadline = time.monotonic() + INFLIGHT_GRACE_S
+        for proxy in running:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done = threading.Event()
+            proxy.future.add_done_callback(lambda _, done=done: done.set())  # type: ignore[misc]
+            done.wait(left)
+        with self._state.pg_lock:
+            now = self._state.step_view()
+            if (now.epoch, now.quorum_id) != (view.epoch, view.quorum_id):
+                return  # reconfigured: the group now serves another quorum
+            still = [proxy for proxy in running if not proxy.done]
+            failing = bool(still) and now.step == view.step
+            if failing:
+                self._state.report_error(error)
+            if not pg_aborted:
+                self._pg.abort()
+            if failing:
+                for proxy in still:
+                    proxy.abort(error)

@@ -17,8 +17,12 @@ what each part may touch is visible in one place:
   the next step starts, and sends the second with every request), and
   `skipped_collectives` when it issues an op of a failed step nowhere;
 * any part reports a failure (`report_error`); the quorum round clears it,
-  and `skipped_collectives`, when a new step starts (`begin_step`), once it
-  holds failure notices;
+  `skipped_collectives` and `fence` when a new step starts (`begin_step`),
+  once it holds failure notices;
+* the notice router sets `fence` when a notice about the step's quorum comes
+  once the collectives it issued so far have completed: the step is still
+  voted on, but a collective it issues after that fails it
+  (`refuse_collective`);
 * the integrity check writes `integrity_report` when it finds this group's
   state (or its heal source's, or its averaged gradient) corrupt, and the quorum round sends it once,
   with its next request, and clears it;
@@ -107,6 +111,12 @@ class StepState:
     # would meet theirs out of order, so the integrity check does not join its
     # exchange then.
     skipped_collectives: bool = False
+    # A failure notice about this step's quorum came when none of its collectives
+    # was running: those it ran completed with every member, so the step is still
+    # voted on (a member cut off from the lighthouse but not from us may commit it
+    # too, and failing it here would fork the job's history), but a collective it
+    # issues from now on fails it with this error (None: no such notice).
+    fence: Exception | None = None
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
     # -- the step's failure --------------------------------------------------------
@@ -114,6 +124,17 @@ class StepState:
         """A new step starts: nothing has failed in it yet."""
         self._error = None
         self.skipped_collectives = False
+        self.fence = None
+
+    def refuse_collective(self) -> bool:
+        """True (and the step fails with the notice's error) when a failure notice
+        fenced this step's quorum: a collective issued now would run with a member
+        the lighthouse has declared gone, so it is not issued."""
+        fence = self.fence
+        if fence is None:
+            return False
+        self.report_error(fence)
+        return True
 
     def report_error(self, e: Exception) -> None:
         """Mark this step failed (only its first failure is kept): later
