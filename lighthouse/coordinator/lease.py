@@ -6,8 +6,10 @@ of the fault-tolerance cost per step) off every step where nothing changes.
 The lighthouse grants one when a quorum leaves nobody waiting, and recalls it,
 on the holders' liveness streams, when:
 
-- anyone else asks for a quorum: a joiner (nobody's collectives are stranded,
-  the holders come at their next step), or a member that left the lease (a
+- anyone else asks for a quorum: a joiner (nobody's collectives are stranded;
+  the holders finish the rounds up to the one after the highest a holder
+  reported, which any of them may have begun, and then all ask together), or
+  a member that left the lease (a
   failed step, a broken stream). That member runs no collectives any more, so
   a holder already in a leased step at or above the member's step would wait
   for it forever: the recall tells such a holder to fail that step now;
@@ -56,6 +58,7 @@ class QuorumLease:
         self.floor = 0  # the lowest step a holder reported (last sent in a LeaseFloor)
         self.round_s = 0.0  # seconds between the last two rises of _top (0: not seen yet)
         self._sent: tuple[int, tuple[str, ...], int, int] | None = None
+        self._joiners_below = 0  # the rounds a recall for joiners left on the lease (0: none sent)
 
     def grant(self, lease_id: int, quorum: Quorum, now: float) -> None:
         """Lease ``quorum`` to all its members (replacing any older lease)."""
@@ -68,6 +71,7 @@ class QuorumLease:
         self.floor = min(self.holders.values(), default=0)
         self.round_s = 0.0
         self._sent = None
+        self._joiners_below = 0
 
     def clear(self) -> None:
         self.lease_id = 0
@@ -115,8 +119,18 @@ class QuorumLease:
         if not self.holders:
             return None
         absent = sorted((m.step, m.replica_id) for m in waiting if m.replica_id in self.members)
-        abort_from = absent[0][0] if absent else -1
-        return self._once(epoch, tuple(sorted(rid for _, rid in absent)), abort_from)
+        if not absent:
+            # Only joiners: nobody's collectives are stranded, but a holder may
+            # already be one round ahead of the others (or have started it
+            # unseen, its ping in flight): had the others asked at that round,
+            # it would wait for them in its collectives and fail the round. So
+            # the holders finish every round up to the highest one any may have
+            # begun on the lease, and all ask at the round after it.
+            # Fixed once per lease: a later ask sends nothing new.
+            if self._joiners_below == 0:
+                self._joiners_below = self._top + 2
+            return self._once(epoch, (), -1, valid_below=self._joiners_below)
+        return self._once(epoch, tuple(sorted(rid for _, rid in absent)), absent[0][0])
 
     def recall_for_stall(self, epoch: str, now: float, join_timeout_s: float) -> LeaseRecall | None:
         """A recall if a holder has been behind another for ``join_timeout_s`` seconds

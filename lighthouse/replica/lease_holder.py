@@ -85,6 +85,15 @@ class LeaseHolder:
                 lambda: (self._lease is not None) == held, timeout=timeout.total_seconds()
             )
 
+    def wait_recalled(self, timeout: timedelta) -> bool:
+        """Wait until no lease is held or the one held was recalled from a step on
+        (it answers only the rounds below that step); False after ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: self._lease is None or self._lease.valid_below is not None,
+                timeout=timeout.total_seconds(),
+            )
+
     def take(
         self,
         quorum: Quorum,
@@ -266,6 +275,8 @@ class LeaseHolder:
                 below if lease.valid_below is None else min(below, lease.valid_below)
             )
             self._wake()
+            with self._changed:
+                self._changed.notify_all()
         else:
             if self._recalled[0] != recall.epoch or self._recalled[1] < recall.lease_id:
                 self._recalled = (recall.epoch, recall.lease_id)

@@ -52,6 +52,11 @@ from lighthouse.types import (
 )
 
 log = logging.getLogger("lighthouse.manager")
+
+# Seconds a clean leave waits to send its message, and then for the lighthouse to
+# confirm it by ending the stream: a loaded host (ranks exiting, torch starting
+# next to it) can take more than half a second to schedule the lighthouse.
+LEAVE_TIMEOUT_S = 2.0
 T = TypeVar("T")
 
 RETRY_FAST_S = 0.05  # seconds between attempts during the first second of an outage
@@ -276,7 +281,11 @@ class LighthouseLink:
     async def close(self, leave: bool = True) -> None:
         """Stop pinging and close the channel; with ``leave``, first say this is a
         clean shutdown, so the lighthouse forgets us without telling our peers we
-        died. Bounded: at most 0.5 s for the lighthouse to end the stream.
+        died. Bounded: at most ``LEAVE_TIMEOUT_S`` seconds to send it and as long
+        for the lighthouse to end the stream, which confirms it (closing the
+        channel before that may cancel the stream before the lighthouse read the
+        message: it would then count us dead, and a run all of whose members
+        left would not have ended cleanly).
         """
         self._leaving = True
         call = self._live_call
@@ -288,16 +297,21 @@ class LighthouseLink:
                             self.replica_id, leaving=True, step=max(self.committed_through, 0)
                         )
                     ),
-                    0.5,
+                    LEAVE_TIMEOUT_S,
                 )
-                await asyncio.wait_for(asyncio.shield(self._task), 0.5)
+                await asyncio.wait_for(asyncio.shield(self._task), LEAVE_TIMEOUT_S)
             except (
                 asyncio.TimeoutError,
                 grpc.aio.AioRpcError,
                 grpc.aio.UsageError,
                 asyncio.InvalidStateError,
-            ):
-                pass
+            ) as e:
+                log.warning(
+                    "%s: the lighthouse did not confirm our clean leave (%s): it may count "
+                    "this replica dead",
+                    self.replica_id,
+                    type(e).__name__,
+                )
         if self._task is not None:
             self._task.cancel()
         if self._alive_task is not None:

@@ -335,6 +335,11 @@ class ManagerServer:
         """Wait until a lease is (``held``) or is not held; False after ``timeout``. Any thread."""
         return self._lease.wait(held, timeout)
 
+    def wait_lease_recalled(self, timeout: timedelta) -> bool:
+        """Wait until no lease is held, or the one held answers only the rounds below
+        a step a recall named; False after ``timeout``. Any thread."""
+        return self._lease.wait_recalled(timeout)
+
     # -- failure notices and lease recalls ---------------------------------------------------
     def lighthouse_wait(self) -> QuorumWait | None:
         """Why the lighthouse holds this group's quorum request, as it last said while

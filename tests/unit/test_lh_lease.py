@@ -35,9 +35,21 @@ def test_an_ask_recalls_and_fails_leased_steps_from_the_lowest_waiting_member() 
 def test_a_joiner_alone_recalls_without_failing_any_step() -> None:
     lease = QuorumLease()
     lease.grant(1, quorum({"a": 3, "b": 3}), now=0.0)
+    # a may already be in round 4 (its ping in flight): both run it on the lease
     assert lease.recall_for_ask("ep", [QuorumMember("new", step=0)]) == LeaseRecall(
-        "ep", 1, 4, (), -1
+        "ep", 1, 4, (), -1, 5
     )
+
+
+def test_a_joiner_lets_the_holders_finish_the_round_one_of_them_began_ahead() -> None:
+    """The holder behind must not ask at the round the one ahead is running on
+    the lease: that one would wait for it in its collectives and fail the round."""
+    lease = QuorumLease()
+    lease.grant(1, quorum({"a": 3, "b": 3}), now=0.0)
+    lease.progress("a", 4, 0.1)  # a began round 4; b is still in round 3
+    recall = lease.recall_for_ask("ep", [QuorumMember("new", step=0)])
+    assert recall is not None and recall.abort_from_step == -1
+    assert recall.valid_below_step == 6  # b runs round 4 (and 5, which a may begin unseen)
 
 
 def test_a_holder_behind_the_others_for_the_join_timeout_is_a_stall() -> None:
@@ -129,10 +141,11 @@ def test_core_grants_a_lease_only_when_nobody_is_left_waiting_and_recalls_it() -
         (q1, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
         assert lease_id > 0 and q1.replica_ids == ["a", "b"]
         joiner = core.request(QuorumMember("c", step=0))
+        # each may already run round 4 on the lease: both run it, then ask at 5
         assert [e for q in queues.values() for e in _events(q)] == [
-            LeaseRecall("ep", lease_id, q1.quorum_id, (), -1)
+            LeaseRecall("ep", lease_id, q1.quorum_id, (), -1, 5)
         ] * 2
-        fa = core.request(QuorumMember("a", step=4))
+        fa = core.request(QuorumMember("a", step=4))  # (a lost the lease otherwise)
         assert _events(queues["b"]) == [LeaseRecall("ep", lease_id, q1.quorum_id, ("a",), 4)]
         assert _events(queues["a"]) == []  # a asked: it holds nothing any more
         fb = core.request(QuorumMember("b", step=4))
