@@ -41,7 +41,9 @@ def test_steps_after_a_leased_quorum_skip_the_lighthouse() -> None:
         assert lh.status()["quorums_issued"] == issued + 1
 
 
-def test_a_joiner_recalls_the_lease_and_is_admitted_once_the_holders_finish_the_next_round() -> None:
+def test_a_joiner_recalls_the_lease_and_is_admitted_once_the_holders_finish_the_next_round() -> (
+    None
+):
     """Either holder may already run round 6 on the lease when the joiner asks (its
     report still on the way): both finish it on the lease, so neither waits in its
     collectives for one that went to ask, and the joiner is admitted at step 7."""
