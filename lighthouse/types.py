@@ -309,7 +309,9 @@ class LivenessPing:
     replica committed through). Otherwise ``step`` is the step of the
     replica's latest quorum round, ``step_time_ms`` its last step's duration
     and ``busy_ms`` that step's own work (see ``QuorumMember.busy_ms``), both
-    in milliseconds (0 = unknown); ``heal`` its latest heal, sent once.
+    in milliseconds (0 = unknown); ``heal`` its latest heal, sent once;
+    ``floor_wanted``: a lease holder waits for every holder to begin this step
+    (0: it does not wait, and needs no ``LeaseFloor``).
     """
 
     replica_id: str
@@ -318,6 +320,7 @@ class LivenessPing:
     step_time_ms: float = 0.0
     busy_ms: float = 0.0
     heal: HealReport | None = None
+    floor_wanted: int = 0
 
 
 @dataclass(frozen=True)

@@ -196,6 +196,8 @@ def check_liveness_ping(ping: LivenessPing) -> LivenessPing:
     if not math.isfinite(ping.step_time_ms) or ping.step_time_ms < 0:
         raise ValueError(f"step_time_ms must be a finite number >= 0, got {ping.step_time_ms}")
     check_busy_ms(ping.busy_ms, ping.step_time_ms)
+    if ping.floor_wanted < 0:
+        raise ValueError(f"floor_wanted must be a step >= 0, got {ping.floor_wanted}")
     if ping.heal is not None:
         check_heal_report(ping.heal)
     return ping

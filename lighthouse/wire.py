@@ -236,15 +236,18 @@ def encode_liveness_ping(
     step_time_ms: float = 0.0,
     heal: HealReport | None = None,
     busy_ms: float = 0.0,
+    floor_wanted: int = 0,
 ) -> bytes:
     """``heal``: the replica's latest heal, sent once (None: nothing to report);
-    ``busy_ms``: its last step's own work (``QuorumMember.busy_ms``)."""
+    ``busy_ms``: its last step's own work (``QuorumMember.busy_ms``);
+    ``floor_wanted``: see ``LivenessPing``."""
     ping = pb.LivenessPing(
         replica_id=replica_id,
         leaving=leaving,
         step=step,
         step_time_ms=step_time_ms,
         busy_ms=busy_ms,
+        floor_wanted=floor_wanted,
     )
     if heal is not None:
         _heal_to_pb(heal, ping.heal)
@@ -288,6 +291,7 @@ def decode_liveness_ping_report(data: bytes) -> LivenessPing:
             step_time_ms=ping.step_time_ms,
             busy_ms=ping.busy_ms,
             heal=_heal_from_pb(ping.heal) if ping.HasField("heal") else None,
+            floor_wanted=ping.floor_wanted,
         )
     )
 

@@ -112,20 +112,22 @@ class LighthouseHeartbeatResponse(_message.Message):
     def __init__(self, epoch: _Optional[str] = ...) -> None: ...
 
 class LivenessPing(_message.Message):
-    __slots__ = ("replica_id", "leaving", "step", "step_time_ms", "heal", "busy_ms")
+    __slots__ = ("replica_id", "leaving", "step", "step_time_ms", "heal", "busy_ms", "floor_wanted")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     LEAVING_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     HEAL_FIELD_NUMBER: _ClassVar[int]
     BUSY_MS_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_WANTED_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     leaving: bool
     step: int
     step_time_ms: float
     heal: HealReport
     busy_ms: float
-    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ..., step: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., busy_ms: _Optional[float] = ...) -> None: ...
+    floor_wanted: int
+    def __init__(self, replica_id: _Optional[str] = ..., leaving: _Optional[bool] = ..., step: _Optional[int] = ..., step_time_ms: _Optional[float] = ..., heal: _Optional[_Union[HealReport, _Mapping]] = ..., busy_ms: _Optional[float] = ..., floor_wanted: _Optional[int] = ...) -> None: ...
 
 class FailureNotice(_message.Message):
     __slots__ = ("epoch", "quorum_id", "dead_replica_ids", "reason", "detected_unix_ms", "step")

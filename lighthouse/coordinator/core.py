@@ -207,10 +207,12 @@ class LighthouseCore:
         step_time_ms: float,
         heal: HealReport | None = None,
         busy_ms: float = 0.0,
+        floor_wanted: int = 0,
     ) -> None:
         """A liveness ping: a sign of life and the step of the replica's latest round
         (``heal``: the replica's latest heal, if the ping reports one; ``busy_ms``:
-        its last step's own work, for the straggler detector)."""
+        its last step's own work, for the straggler detector; ``floor_wanted``: a
+        lease holder waits for the floor to reach this step, 0: it does not)."""
         now = self.clock.now()
         self.state.heartbeat(replica_id, now)
         self.state.report_progress(replica_id, step, step_time_ms, busy_ms)
@@ -218,16 +220,22 @@ class LighthouseCore:
             self.busy.record(replica_id, step, busy_ms)
         self.history.progress(replica_id, step, step_time_ms, now, _unix_ms(), heal)
         self._send_floor(self.lease.progress(replica_id, step, now))
+        if floor_wanted > 0:
+            self._send_floor(self.lease.want(replica_id, floor_wanted), to=(replica_id,))
         self._persist(now)
 
-    def _send_floor(self, floor: LeaseFloor | None) -> None:
-        """Tell the lease holders that every holder reached ``floor.step``."""
+    def _send_floor(self, floor: LeaseFloor | None, to: tuple[str, ...] | None = None) -> None:
+        """Tell the lease holders waiting for it (or those ``to``) that every holder
+        reached ``floor.step``."""
         if floor is None:
+            return
+        holders = self.lease.waiters(floor.step) if to is None else to
+        if not holders:
             return
         payload = wire.encode_liveness_event(
             self.epoch, floor=LeaseFloor(self.epoch, floor.lease_id, floor.step)
         )
-        for rid in self.lease.holders:
+        for rid in holders:
             for q in self.streams.get(rid, ()):
                 q.put_nowait(payload)
 

@@ -29,10 +29,14 @@ on the holders' liveness streams, when:
   straggler's own ask, held in quarantine, then recalls as any ask does).
 
 Alignment: the lease keeps its members in step as a quorum round would. Each
-holder reports every round it starts (an immediate liveness ping); when the
-slowest holder's step (the floor) rises, the lighthouse sends it to the
-holders (``LeaseFloor``), and a holder starts a leased round at step s only
-once the floor is >= s - 1: never more than one step ahead of the slowest.
+holder reports every round it starts (an immediate liveness ping), and a
+holder starts a leased round at step s only once the floor (the slowest
+holder's step) is >= s - 1: never more than one step ahead of the slowest.
+Usually its own collectives of step s - 1 proved that already (they
+completed, so every holder had begun s - 1); a holder without that proof says
+in its ping that it waits (``floor_wanted``), and the lighthouse sends it the
+floor (``LeaseFloor``) once the floor reaches that step. So a job whose steps
+run collectives costs the lighthouse one message per holder and step, not two.
 
 Recalls are sent when their content changes, so a burst of asks costs one
 message per holder per change. Steps come from the holders' liveness pings.
@@ -59,6 +63,7 @@ class QuorumLease:
         self.round_s = 0.0  # seconds between the last two rises of _top (0: not seen yet)
         self._sent: tuple[int, tuple[str, ...], int, int] | None = None
         self._joiners_below = 0  # the rounds a recall for joiners left on the lease (0: none sent)
+        self.waiting: dict[str, int] = {}  # holder -> the floor it waits for (``want``)
 
     def grant(self, lease_id: int, quorum: Quorum, now: float) -> None:
         """Lease ``quorum`` to all its members (replacing any older lease)."""
@@ -72,15 +77,37 @@ class QuorumLease:
         self.round_s = 0.0
         self._sent = None
         self._joiners_below = 0
+        self.waiting = {}
 
     def clear(self) -> None:
         self.lease_id = 0
         self.holders = {}
         self.members = frozenset()
+        self.waiting = {}
+
+    def want(self, replica_id: str, step: int) -> LeaseFloor | None:
+        """Holder ``replica_id`` waits until the floor reaches ``step``: the floor to
+        send it now if it is there already, else None (it gets the floor with the
+        rise that reaches it, ``waiters``)."""
+        if replica_id not in self.holders:
+            return None
+        if self.floor >= step:
+            self.waiting.pop(replica_id, None)
+            return LeaseFloor("", self.lease_id, self.floor)
+        self.waiting[replica_id] = step
+        return None
+
+    def waiters(self, floor: int) -> list[str]:
+        """The holders waiting for a floor that ``floor`` reaches; no longer waiting."""
+        done = [rid for rid, step in self.waiting.items() if step <= floor]
+        for rid in done:
+            del self.waiting[rid]
+        return done
 
     def asked(self, replica_id: str) -> None:
         """``replica_id`` asked for a quorum: it no longer runs on the lease."""
         self.holders.pop(replica_id, None)
+        self.waiting.pop(replica_id, None)
 
     def progress(self, replica_id: str, step: int, now: float) -> LeaseFloor | None:
         """A holder's liveness ping reports its latest round at ``step``; the floor
@@ -152,6 +179,7 @@ class QuorumLease:
         at or above it (the leaver runs no collectives there) and ask for later
         rounds. Also the floor, if the leaver was the slowest."""
         step = self.holders.pop(replica_id, None)
+        self.waiting.pop(replica_id, None)
         if step is None or not self.holders:
             return None, None
         if committed_through < 0:

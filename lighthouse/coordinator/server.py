@@ -627,4 +627,6 @@ class LighthouseServer:
             if ping.leaving:
                 self.core.replica_leaving(rid, queue, ping.step if ping.step > 0 else -1)
                 return  # ends the stream; stream_closed() forgets it quietly
-            self.core.progress(rid, ping.step, ping.step_time_ms, ping.heal, ping.busy_ms)
+            self.core.progress(
+                rid, ping.step, ping.step_time_ms, ping.heal, ping.busy_ms, ping.floor_wanted
+            )

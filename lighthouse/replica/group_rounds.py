@@ -239,11 +239,6 @@ class GroupRounds:
         heal = group_heal(reqs)
         if heal is not None:  # the ping below reaches the lighthouse even on a leased round
             self._link.heal = heal
-        if self._lease.lease_id > 0 or heal is not None:
-            # Lease holders wait for each other's round reports. Without a lease the
-            # round asks the lighthouse, and the request carries its step: a ping too
-            # would only double the lighthouse's work per round.
-            self._link.ping_soon()
         # An integrity finding goes to the lighthouse, never answered from the lease
         # (its step failed, so it would not be anyway: this only makes sure).
         eligible = not any(
@@ -255,7 +250,17 @@ class GroupRounds:
         generation = self._link.open_generation
         loop = asyncio.get_running_loop()
         self._round_mark = (loop.time(), generation, self._link.lighthouse_epoch)
-        if self._lease.must_wait(step, eligible, generation):
+        wait = self._lease.must_wait(step, eligible, generation)
+        # A leased round that must wait asks the lighthouse for the floor with its
+        # report; otherwise the lighthouse sends it none.
+        self._link.floor_wanted = step - 1 if wait else 0
+        if self._lease.lease_id > 0 or heal is not None:
+            # Lease holders report each round they start (the lighthouse's view of
+            # their steps: the floor, stalls, recalls). Without a lease the round asks
+            # the lighthouse, and the request carries its step: a ping too would only
+            # double the lighthouse's work per round.
+            self._link.ping_soon()
+        if wait:
             g.task = loop.create_task(self._aligned_leased_round(g, fut, step, eligible))
             return
         leased = self._lease.answer(step, eligible, generation)
@@ -273,7 +278,10 @@ class GroupRounds:
         early, and the round then asks the lighthouse like any unleased round.
         """
         left = min(g.deadlines.values()) - asyncio.get_running_loop().time()
-        await self._lease.wait_floor(step, max(0.0, left))
+        try:
+            await self._lease.wait_floor(step, max(0.0, left))
+        finally:
+            self._link.floor_wanted = 0
         leased = self._lease.answer(step, eligible, self._link.open_generation)
         if leased is not None:
             if not fut.done():

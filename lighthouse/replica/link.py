@@ -132,6 +132,9 @@ class LighthouseLink:
         # (step, step time ms, busy ms) sent with every ping
         self.progress: tuple[int, float, float] = (0, 0.0, 0.0)
         self.heal: HealReport | None = None  # the group's latest heal, sent with the next ping
+        # The lease floor a leased round waits for, sent with every ping while it
+        # waits (0: none; see ``LivenessPing.floor_wanted``).
+        self.floor_wanted = 0
         self.committed_through = -1  # sent with the leaving ping (-1: unknown)
         self._ping_now: asyncio.Event | None = None  # set: ping at once (a new round)
         self._epoch_cond = threading.Condition()
@@ -443,7 +446,13 @@ class LighthouseLink:
                 try:
                     await call.write(
                         wire.encode_liveness_ping(
-                            self.replica_id, False, step, step_time_ms, heal, busy_ms
+                            self.replica_id,
+                            False,
+                            step,
+                            step_time_ms,
+                            heal,
+                            busy_ms,
+                            self.floor_wanted,
                         )
                     )
                 except BaseException:

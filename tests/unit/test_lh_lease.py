@@ -119,8 +119,52 @@ def test_the_floor_rises_only_when_the_slowest_holder_moves() -> None:
     assert lease.progress("a", 7, 0.3) is None
 
 
+def test_a_holder_that_waits_gets_the_floor_once_it_is_there_and_only_then() -> None:
+    lease = QuorumLease()
+    lease.grant(1, quorum({"a": 5, "b": 5}), now=0.0)
+    assert lease.want("a", 5) == LeaseFloor("", 1, 5)  # already there: at once
+    assert lease.want("a", 6) is None  # b has not begun step 6
+    assert lease.waiters(5) == []
+    assert lease.progress("a", 7, 0.1) is None
+    floor = lease.progress("b", 6, 0.2)
+    assert floor == LeaseFloor("", 1, 6)
+    assert lease.waiters(floor.step) == ["a"] and lease.waiters(floor.step) == []  # told once
+    assert lease.want("stranger", 1) is None and lease.waiting == {}  # not a holder
+
+
 def run(coro: object) -> None:
     asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_core_sends_the_floor_only_to_the_holder_that_waits_for_it() -> None:
+    """A holder whose own collectives proved the floor asks for none: in a job whose
+    steps run collectives the lighthouse sends no floor at all (one message per
+    holder and step, its ping, instead of two)."""
+
+    async def body() -> None:
+        cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
+        core = LighthouseCore(cfg, FakeClock(), "ep")
+        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
+        for rid, q in queues.items():
+            core.stream_opened(rid, q)
+        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
+        (_, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
+        assert lease_id > 0
+        for step in (4, 5, 6):  # proven by their collectives: nobody waits
+            core.progress("a", step, 1.0)
+            core.progress("b", step, 1.0)
+        assert [_events(q) for q in queues.values()] == [[], []]
+        core.progress("a", 7, 1.0, floor_wanted=6)  # there already: sent at once
+        assert _events(queues["a"]) == [LeaseFloor("ep", lease_id, 6)]
+        core.progress("a", 8, 1.0, floor_wanted=7)  # b has not begun step 7
+        assert [_events(q) for q in queues.values()] == [[], []]
+        core.progress("b", 7, 1.0)
+        assert _events(queues["a"]) == [LeaseFloor("ep", lease_id, 7)]
+        assert _events(queues["b"]) == []  # b did not wait
+        core.progress("b", 8, 1.0)
+        assert [_events(q) for q in queues.values()] == [[], []]  # a was told already
+
+    run(body())
 
 
 def _events(q: asyncio.Queue[bytes]) -> list[object]:
