@@ -93,7 +93,9 @@ class ManagerServer:
             loopback ``hostname``.
         store_addr: this group's rendezvous store ``host:port``.
         world_size: ranks in the replica group (>= 1).
-        heartbeat_interval: period of liveness pings to the lighthouse.
+        heartbeat_interval: period of liveness pings to the lighthouse (None: a
+            tenth of the lighthouse's heartbeat timeout, at least 100 ms; see
+            ``lighthouse.replica.link.default_heartbeat_s``).
         connect_timeout: how long to wait for the lighthouse at start-up and
             to retry it when unreachable during a quorum.
         quorum_retries: extra attempts of a failed lighthouse quorum call
@@ -138,7 +140,7 @@ class ManagerServer:
         bind: str | None = None,
         store_addr: str = "",
         world_size: int = 1,
-        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        heartbeat_interval: timedelta | None = None,
         connect_timeout: timedelta = timedelta(seconds=10),
         quorum_retries: int = 0,
         on_kill: Callable[[str], None] | None = None,
@@ -173,9 +175,9 @@ class ManagerServer:
         self.replica_id = replica_id
         self.world_size = world_size
         self.store_addr = store_addr
-        self._hb_s = heartbeat_interval.total_seconds()
+        self._hb_s = None if heartbeat_interval is None else heartbeat_interval.total_seconds()
         self._connect_s = connect_timeout.total_seconds()
-        if self._hb_s <= 0 or self._connect_s <= 0:
+        if (self._hb_s is not None and self._hb_s <= 0) or self._connect_s <= 0:
             raise ValueError(
                 f"heartbeat_interval and connect_timeout must be positive, got "
                 f"{heartbeat_interval} and {connect_timeout}"

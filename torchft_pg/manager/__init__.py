@@ -96,7 +96,10 @@ class Manager:
     ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC`` and
     ``TORCHFT_QUORUM_RETRIES`` override the arguments when set. A timeout that
     would make the wrong layer report a fault (see `config.timeout_order_warnings`)
-    is named in a warning.
+    is named in a warning. `heartbeat_interval`: the period of the group's
+    liveness pings to the lighthouse; by default a tenth of the lighthouse's
+    heartbeat timeout, at least 100 ms (torchft pings every 100 ms whatever the
+    timeout; each ping costs the lighthouse CPU).
     `integrity_check_every`: every this many committed steps (at each step
     whose quorum's max step is a multiple of it, and at each step some group
     heals, so that a joiner never keeps a corrupt source's state), the replica groups compare
@@ -153,7 +156,7 @@ class Manager:
         replica_id: str | None = None,
         port: int | None = None,
         hostname: str | None = None,
-        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        heartbeat_interval: timedelta | None = None,
         checkpoint_transport: CheckpointTransport[Any] | None = None,
         init_sync: bool = True,
         max_retries: int | None = None,

@@ -135,14 +135,15 @@ def manager_bind(config: ManagerConfig, job_secret: str | None = None) -> str:
 def connect_replica_group(
     config: ManagerConfig,
     hostname: str | None,
-    heartbeat_interval: timedelta,
+    heartbeat_interval: timedelta | None,
     connect_timeout: timedelta,
     quorum_retries: int,
 ) -> tuple[ManagerClientProtocol, str, ManagerServer | None]:
     """Return (this rank's manager client, the group's replica id, the server if rank 0).
 
     `connect_timeout` bounds reaching the group store, the lighthouse and the
-    server; `heartbeat_interval` is the server's liveness ping period.
+    server; `heartbeat_interval` is the server's liveness ping period (None: derived from
+    the lighthouse's heartbeat timeout, see `ManagerServer`).
     """
     store = open_group_store(config, connect_timeout)
     addr_key, id_key = group_key(config, MANAGER_ADDR_KEY), group_key(config, REPLICA_ID_KEY)

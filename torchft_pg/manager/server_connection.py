@@ -52,7 +52,7 @@ class ServerConnection:
         self,
         executor: ThreadPoolExecutor,
         config: ManagerConfig,
-        heartbeat_interval: timedelta,
+        heartbeat_interval: timedelta | None,
         connect_timeout: timedelta,
         retries: int,
     ) -> None:
@@ -65,7 +65,7 @@ class ServerConnection:
     def _connect(
         self,
         config: ManagerConfig,
-        heartbeat_interval: timedelta,
+        heartbeat_interval: timedelta | None,
         connect_timeout: timedelta,
         retries: int,
     ) -> None:
