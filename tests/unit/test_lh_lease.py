@@ -142,14 +142,7 @@ def test_core_sends_the_floor_only_to_the_holder_that_waits_for_it() -> None:
     holder and step, its ping, instead of two)."""
 
     async def body() -> None:
-        cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
-        core = LighthouseCore(cfg, FakeClock(), "ep")
-        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
-        for rid, q in queues.items():
-            core.stream_opened(rid, q)
-        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
-        (_, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
-        assert lease_id > 0
+        core, queues, _, lease_id = await _leased_pair()
         for step in (4, 5, 6):  # proven by their collectives: nobody waits
             core.progress("a", step, 1.0)
             core.progress("b", step, 1.0)
@@ -167,6 +160,20 @@ def test_core_sends_the_floor_only_to_the_holder_that_waits_for_it() -> None:
     run(body())
 
 
+async def _leased_pair() -> tuple[LighthouseCore, dict[str, asyncio.Queue[bytes]], Quorum, int]:
+    """A core whose quorum of holders ``a`` and ``b``, at step 3, is leased: the core,
+    each holder's liveness queue, the quorum and its lease id."""
+    cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
+    core = LighthouseCore(cfg, FakeClock(), "ep")
+    queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
+    for rid, q in queues.items():
+        core.stream_opened(rid, q)
+    futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
+    (quorum, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
+    assert lease_id > 0
+    return core, queues, quorum, lease_id
+
+
 def _events(q: asyncio.Queue[bytes]) -> list[object]:
     out: list[object] = []
     while not q.empty():
@@ -176,14 +183,8 @@ def _events(q: asyncio.Queue[bytes]) -> list[object]:
 
 def test_core_grants_a_lease_only_when_nobody_is_left_waiting_and_recalls_it() -> None:
     async def body() -> None:
-        cfg = QuorumConfig(min_replicas=2, join_timeout_s=30.0, heartbeat_timeout_s=5.0)
-        core = LighthouseCore(cfg, FakeClock(), "ep")
-        queues = {rid: asyncio.Queue[bytes]() for rid in "ab"}
-        for rid, q in queues.items():
-            core.stream_opened(rid, q)
-        futs = [core.request(QuorumMember(rid, step=3)) for rid in "ab"]
-        (q1, lease_id), _ = [wire.decode_leased_quorum_response(await f) for f in futs]
-        assert lease_id > 0 and q1.replica_ids == ["a", "b"]
+        core, queues, q1, lease_id = await _leased_pair()
+        assert q1.replica_ids == ["a", "b"]
         joiner = core.request(QuorumMember("c", step=0))
         # each may already run round 4 on the lease: both run it, then ask at 5
         assert [e for q in queues.values() for e in _events(q)] == [

@@ -88,14 +88,7 @@ class NoticeRouter:
         reported by the proxies themselves, never raised here."""
         with self._inflight_lock:
             waiting = list(self._inflight)
-        deadline = time.monotonic() + timeout_s
-        for proxy in waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            done = threading.Event()
-            proxy.future.add_done_callback(lambda _, done=done: done.set())  # type: ignore[misc]
-            done.wait(left)
+        _wait_all(waiting, timeout_s)
 
     def _forget(self, proxy: ProxyFuture[Any]) -> None:
         with self._inflight_lock:
@@ -199,14 +192,7 @@ class NoticeRouter:
         to complete; then fail the step if any still runs, and abort the group
         (unless that was done already, or it was configured for another quorum
         meanwhile)."""
-        deadline = time.monotonic() + INFLIGHT_GRACE_S
-        for proxy in running:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            done = threading.Event()
-            proxy.future.add_done_callback(lambda _, done=done: done.set())  # type: ignore[misc]
-            done.wait(left)
+        _wait_all(running, INFLIGHT_GRACE_S)
         with self._state.pg_lock:
             now = self._state.step_view()
             if (now.epoch, now.quorum_id) != (view.epoch, view.quorum_id):
@@ -220,3 +206,15 @@ class NoticeRouter:
             if failing:
                 for proxy in still:
                     proxy.abort(error)
+
+
+def _wait_all(proxies: list[ProxyFuture[Any]], timeout_s: float) -> None:
+    """Wait until every one of `proxies` has completed, at most `timeout_s` seconds in all."""
+    deadline = time.monotonic() + timeout_s
+    for proxy in proxies:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        done = threading.Event()
+        proxy.future.add_done_callback(lambda _, done=done: done.set())  # type: ignore[misc]
+        done.wait(left)
