@@ -79,7 +79,7 @@ class NoticeRouter:
         proxy.future.add_done_callback(lambda _: self._forget(proxy))
         fence = self._state.fence
         if fence is not None and not proxy.done:
-            self._start_grace(self._state.step_view(), [proxy], fence, pg_aborted=True)
+            self._start_grace(self._state.step_view(), [proxy], fence, abort_pg=False)
 
     def wait_inflight(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s`` seconds in all) until every tracked collective
@@ -156,7 +156,7 @@ class NoticeRouter:
         with self._inflight_lock:
             running = [proxy for proxy in self._inflight if not proxy.done]
         if running:
-            self._start_grace(view, running, error, pg_aborted=False)
+            self._start_grace(view, running, error, abort_pg=True)
             return
         logger.info(
             "%s %s; no collective of this step is running, so it is still voted on, "
@@ -172,11 +172,11 @@ class NoticeRouter:
         running: list[ProxyFuture[Any]],
         error: Exception,
         *,
-        pg_aborted: bool,
+        abort_pg: bool,
     ) -> None:
         threading.Thread(
             target=self._abort_after_grace,
-            args=(view, running, error, pg_aborted),
+            args=(view, running, error, abort_pg),
             name="torchft_pg-notice-grace",
             daemon=True,
         ).start()
@@ -186,12 +186,12 @@ class NoticeRouter:
         view: StepView,
         running: list[ProxyFuture[Any]],
         error: Exception,
-        pg_aborted: bool,
+        abort_pg: bool,
     ) -> None:
         """Give the collectives `running` at the notice `INFLIGHT_GRACE_S` seconds
-        to complete; then fail the step if any still runs, and abort the group
-        (unless that was done already, or it was configured for another quorum
-        meanwhile)."""
+        to complete; then fail the step if any still runs, and, with `abort_pg`,
+        abort the group (unless it was configured for another quorum meanwhile).
+        Without it the notice's own handling aborts the group."""
         _wait_all(running, INFLIGHT_GRACE_S)
         with self._state.pg_lock:
             now = self._state.step_view()
@@ -201,7 +201,7 @@ class NoticeRouter:
             failing = bool(still) and now.step == view.step
             if failing:
                 self._state.report_error(error)
-            if not pg_aborted:
+            if abort_pg:
                 self._pg.abort()
             if failing:
                 for proxy in still:

@@ -19,10 +19,9 @@ what each part may touch is visible in one place:
 * any part reports a failure (`report_error`); the quorum round clears it,
   `skipped_collectives` and `fence` when a new step starts (`begin_step`),
   once it holds failure notices;
-* the notice router sets `fence` when a notice about the step's quorum comes
-  once the collectives it issued so far have completed: the step is still
-  voted on, but a collective it issues after that fails it
-  (`refuse_collective`);
+* the notice router sets `fence` when a notice about the step's quorum comes:
+  a collective the step issues after that fails it (`refuse_collective`),
+  while those it ran before are left to complete;
 * the integrity check writes `integrity_report` when it finds this group's
   state (or its heal source's, or its averaged gradient) corrupt, and the quorum round sends it once,
   with its next request, and clears it;
@@ -111,11 +110,11 @@ class StepState:
     # would meet theirs out of order, so the integrity check does not join its
     # exchange then.
     skipped_collectives: bool = False
-    # A failure notice about this step's quorum came when none of its collectives
-    # was running: those it ran completed with every member, so the step is still
-    # voted on (a member cut off from the lighthouse but not from us may commit it
-    # too, and failing it here would fork the job's history), but a collective it
-    # issues from now on fails it with this error (None: no such notice).
+    # A failure notice about this step's quorum came: a collective the step issues
+    # from now on fails it with this error, but those it issued before are left to
+    # complete, and if they do the step is still voted on (a member cut off from the
+    # lighthouse but not from us may commit it too, and failing it here would fork
+    # the job's history). None: no such notice.
     fence: Exception | None = None
     _error: ExceptionWithTraceback | None = field(default=None, repr=False)
 
