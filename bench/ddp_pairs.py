@@ -17,6 +17,7 @@ processes and the same minutes as ours.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -213,6 +214,36 @@ def alternate(
     ctx.barrier("end")
     sample("end")
     return out
+
+
+def paired_overhead_ci(
+    per_rank: list[dict[str, Any]],
+    ours: str,
+    plain: str,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """A bootstrap confidence interval (at `level`) of `paired_overhead`.
+
+    Rounds are resampled with replacement, each round carrying both ranks'
+    ratios (the ranks of one round share its load, so they are not
+    independent samples); the interval is the percentiles of the resampled
+    medians, minus one. It says how far one run's overhead can be trusted on
+    a noisy machine: a target met by the point estimate but not by the upper
+    end is not shown to be met."""
+    rounds = [[r[ours][i] / r[plain][i] for r in per_rank] for i in range(len(per_rank[0][ours]))]
+    rng = random.Random(seed)
+    medians = sorted(
+        statistics.median(
+            x for i in rng.choices(range(len(rounds)), k=len(rounds)) for x in rounds[i]
+        )
+        for _ in range(resamples)
+    )
+    tail = (1 - level) / 2
+    lo = medians[int(tail * (resamples - 1))]
+    hi = medians[int((1 - tail) * (resamples - 1))]
+    return lo - 1, hi - 1
 
 
 def paired_overhead(per_rank: list[dict[str, Any]], ours: str, plain: str) -> float:

@@ -4,7 +4,10 @@ Two processes train the same MLP with plain torch DDP over Gloo and with
 `torchft_pg`'s Manager + DDP (quorum leases on, the default), in short rounds
 that rotate between the variants on the same processes: adjacent rounds share
 the machine's load, so the median of each round's ratio to its neighbour is
-the overhead (wall, and CPU of all of a rank's threads). Models (``--model``):
+the overhead (wall, and CPU of all of a rank's threads), with a bootstrap 95%
+confidence interval over rounds for the wall figures (one run's overhead moves by
+several percent on a shared machine: the interval says how far it holds). Models
+(``--model``):
 
 * ``tiny``: 64 -> 256 -> 64, batch 64 (a step of a few ms: the fixed cost);
 * ``mid``: 256 -> 2048 -> 2048 -> 256, ~5.3 M parameters (~60-100 ms here);
@@ -38,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.ddp_pairs import alternate, ddp_pair, paired_overhead
+from bench.ddp_pairs import alternate, ddp_pair, paired_overhead, paired_overhead_ci
 from tests.multiproc import RankContext, run_ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -238,11 +241,13 @@ def _measure(
             continue
         ms = med(v for r in per_rank for v in r[mode]) * 1e3
         wall = paired_overhead(per_rank, mode, "plain")
+        wall_lo, wall_hi = paired_overhead_ci(per_rank, mode, "plain")
         cpu = paired_overhead(per_rank, f"{mode}_cpu", "plain_cpu")
         delta = med(m - p for r in per_rank for m, p in zip(r[mode], r["plain"], strict=True))
         print(
             f"  {label:<25} {ms:8.2f} ms   CPU {med(r0[f'{mode}_cpu']) * 1e3:7.2f} ms"
-            f"   overhead wall {wall * 100:+.1f}% ({delta * 1e3:+.2f} ms), CPU {cpu * 100:+.1f}%"
+            f"   overhead wall {wall * 100:+.1f}% ({delta * 1e3:+.2f} ms; 95% CI "
+            f"{wall_lo * 100:+.1f} to {wall_hi * 100:+.1f}%), CPU {cpu * 100:+.1f}%"
         )
         key = "manager" if mode == "manager" else "torchft"
         # the variant's lighthouse while its rounds ran (its idle ticks included)
@@ -256,13 +261,19 @@ def _measure(
         fields[f"{key}_lighthouse_cpu_ms_per_step"] = lh_ms
         fields[f"{key}_ms"] = ms
         fields[f"{key}_wall_overhead_paired"] = wall
+        fields[f"{key}_wall_overhead_ci95"] = [wall_lo, wall_hi]
         fields[f"{key}_wall_delta_ms_paired"] = delta * 1e3
         fields[f"{key}_cpu_overhead_paired"] = cpu
     if "torchft" in r0:
         vs_wall = paired_overhead(per_rank, "manager", "torchft") + 1
+        vs_lo, vs_hi = paired_overhead_ci(per_rank, "manager", "torchft")
         vs_cpu = paired_overhead(per_rank, "manager_cpu", "torchft_cpu") + 1
-        print(f"  ours / torchft, paired rounds: wall {vs_wall:.3f}x, CPU {vs_cpu:.3f}x")
+        print(
+            f"  ours / torchft, paired rounds: wall {vs_wall:.3f}x "
+            f"(95% CI {vs_lo + 1:.3f} to {vs_hi + 1:.3f}), CPU {vs_cpu:.3f}x"
+        )
         fields["manager_vs_torchft_wall"] = vs_wall
+        fields["manager_vs_torchft_wall_ci95"] = [vs_lo + 1, vs_hi + 1]
         fields["manager_vs_torchft_cpu"] = vs_cpu
     return fields
 
