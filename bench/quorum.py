@@ -18,6 +18,11 @@
    each, gRPC's documented ``GRPC_POLL_STRATEGY=poll`` and default engines
    (``GRPC_EXPERIMENTS=""``; ours turns two engines off), asyncio's loop in
    place of uvloop, and an empty sync ``grpc.server``.
+5. Lighthouse server CPU per liveness ping, the one message a lease holder
+   sends per step: one client stream sending 2000 pings 2 ms apart to our
+   lighthouse's Liveness method and to an empty grpc.aio stream method that
+   reads and drops them; the server's CPU per message net of its idle CPU
+   (``server_cpu_per_ping``), and ours over the empty server's.
 
 With ``--torchft-python PATH`` (or ``TORCHFT_PYTHON``), a python that has the real
 torchft installed, torchft runs in the same run, all its processes started with
@@ -93,7 +98,12 @@ KNOB_RUNS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("empty_aio_asyncio_loop", "empty_aio", {"LIGHTHOUSE_NO_UVLOOP": "1"}),
     ("empty_sync", "empty_sync", {}),
 )
-SECTIONS = ("rounds", "sim", "kill", "server_cpu")
+SECTIONS = ("rounds", "sim", "kill", "server_cpu", "ping_cpu")
+PINGS = 2000
+PING_PERIOD_S = 0.002  # a 2 ms step: the pace of a short step's liveness pings
+PING_WARMUP = 100
+# (row, server): our lighthouse's liveness stream, and an empty grpc.aio stream method
+PING_CPU_RUNS: tuple[tuple[str, str], ...] = (("ours", "ours"), ("empty_aio", "empty_aio"))
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
@@ -371,10 +381,16 @@ def serve(kind: str) -> None:
     async def aping(request: bytes, context: object) -> bytes:
         return b""
 
-    handler = grpc.method_handlers_generic_handler(
-        EMPTY_SERVICE,
-        {"Ping": grpc.unary_unary_rpc_method_handler(ping if kind == "empty_sync" else aping)},
-    )
+    async def astream(requests: Any, context: object) -> Any:
+        async for _ in requests:  # read every message, answer none (as a ping needs no answer)
+            pass
+        return
+        yield b""  # an async generator: a stream of no responses
+
+    methods = {"Ping": grpc.unary_unary_rpc_method_handler(ping if kind == "empty_sync" else aping)}
+    if kind != "empty_sync":
+        methods["Stream"] = grpc.stream_stream_rpc_method_handler(astream)
+    handler = grpc.method_handlers_generic_handler(EMPTY_SERVICE, methods)
     if kind == "empty_sync":
         from concurrent.futures import ThreadPoolExecutor
 
@@ -499,6 +515,97 @@ def server_cpu(kind: str, env: dict[str, str], python: str | None) -> dict[str, 
     }
 
 
+def ping_client(kind: str, address: str, pings: int) -> None:
+    """Child: one client stream to the server (``ours``: our lighthouse's Liveness
+    method, as a lease holder's manager server pings it once per round; else the
+    empty server's stream method, sent the same bytes): ``PING_WARMUP`` pings, a
+    ``{"ready": true}`` line, then, once a line arrives on stdin, ``pings`` pings
+    ``PING_PERIOD_S`` apart (the pace is the measurement's, nothing waits on it),
+    each reporting the next step; prints their wall seconds."""
+    import queue
+    import threading
+
+    from lighthouse import services, wire
+    from lighthouse._grpc import grpc
+
+    channel = grpc.insecure_channel(address.removeprefix("http://"))
+    path = services.LIGHTHOUSE_LIVENESS.path if kind == "ours" else f"/{EMPTY_SERVICE}/Stream"
+    outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def requests() -> Any:
+        while (item := outbox.get()) is not None:
+            yield item
+
+    call = channel.stream_stream(path)(requests())
+    drained = threading.Thread(target=lambda: sum(1 for _ in call), daemon=True)
+    drained.start()
+    step = 0
+
+    def ping() -> None:
+        nonlocal step
+        step += 1
+        outbox.put(wire.encode_liveness_ping("ping0", step=step, step_time_ms=2.0, busy_ms=1.5))
+        time.sleep(PING_PERIOD_S)
+
+    for _ in range(PING_WARMUP):
+        ping()
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.readline()
+    start = time.perf_counter()
+    for _ in range(pings):
+        ping()
+    elapsed = time.perf_counter() - start
+    time.sleep(0.1)  # the last pings' handling falls inside the window (a pace, not a sync)
+    print(json.dumps({"elapsed_s": time.perf_counter() - start, "pings_s": elapsed}), flush=True)
+    outbox.put(None)
+    channel.close()
+
+
+def server_ping_cpu(kind: str) -> dict[str, float]:
+    """The server ``kind`` (``ours``, ``empty_aio``) in a process of its own; one
+    client process sends ``PINGS`` messages on one stream, ``PING_PERIOD_S`` apart.
+    The server's CPU per message (µs) net of its idle CPU over the same time, and
+    the idle CPU (µs per second, measured just before)."""
+    srv = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    cli: subprocess.Popen[bytes] | None = None
+    try:
+        info = read_json_line(srv, timeout=60)
+        if info is None:
+            raise RuntimeError(f"server {kind} did not start (exit {srv.poll()})")
+        cli = subprocess.Popen(
+            [sys.executable, __file__, "--ping-client", kind, str(info["address"]), str(PINGS)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=ENV,
+        )
+        if read_json_line(cli, timeout=60) is None:
+            raise RuntimeError(f"the {kind} ping client did not start (exit {cli.poll()})")
+        idle0, t0 = process_cpu_s(srv.pid), time.monotonic()
+        time.sleep(IDLE_S)  # a measurement window, not a wait for anything
+        idle = (process_cpu_s(srv.pid) - idle0) / (time.monotonic() - t0)
+        cpu0 = process_cpu_s(srv.pid)
+        assert cli.stdin is not None
+        cli.stdin.write(b"go\n")
+        cli.stdin.flush()
+        done = read_json_line(cli, timeout=120)
+        cpu = process_cpu_s(srv.pid) - cpu0
+        if done is None:
+            raise RuntimeError(f"the {kind} ping client did not finish (exit {cli.poll()})")
+    finally:
+        if cli is not None:
+            stop(cli)
+        stop(srv)
+    net = cpu - idle * float(done["elapsed_s"])
+    return {"server_us": net / PINGS * 1e6, "idle_us_per_s": idle * 1e6}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
@@ -577,6 +684,16 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if row not in server or got["server_us"] < server[row]["server_us"]:
                 server[row] = got
+    pings: dict[str, dict[str, float]] = {}
+    if "ping_cpu" in sections:
+        for row, kind in PING_CPU_RUNS * SERVER_CPU_REPEATS:
+            try:
+                got = server_ping_cpu(kind)
+            except (RuntimeError, subprocess.SubprocessError, ValueError, OSError) as exc:
+                errors.append(f"ping_cpu {row}: {type(exc).__name__}: {exc}"[:300])
+                continue
+            if row not in pings or got["server_us"] < pings[row]["server_us"]:
+                pings[row] = got
     for key, value in results.items():
         target = TARGETS_MS.get(key)
         print(f"{key:<34}{value:>10.2f}{'' if target is None else f'{target:>10.1f}'}")
@@ -603,6 +720,18 @@ def main(argv: list[str] | None = None) -> int:
         if "ours" in server and "torchft" in server:
             server_vs = server["ours"]["server_us"] / server["torchft"]["server_us"]
             print(f"  ours / torchft server CPU per call: {server_vs:.2f} (goal <= 2)")
+    ping_vs_empty: float | None = None
+    if pings:
+        print(
+            f"lighthouse server CPU per liveness ping, {PINGS} pings on one stream "
+            f"{PING_PERIOD_S * 1e3:.0f} ms apart, net of the server's idle CPU:"
+        )
+        print(f"  {'server':<32}{'server us':>10}{'idle us/s':>10}")
+        for row, r in pings.items():
+            print(f"  {row:<32}{r['server_us']:>10.1f}{r['idle_us_per_s']:>10.0f}")
+        if "ours" in pings and "empty_aio" in pings:
+            ping_vs_empty = pings["ours"]["server_us"] / pings["empty_aio"]["server_us"]
+            print(f"  ours / an empty Python gRPC stream server: {ping_vs_empty:.2f}")
     for e in errors:
         print(f"error: {e}")
     if tft is None:
@@ -629,6 +758,12 @@ def main(argv: list[str] | None = None) -> int:
     if server_vs is not None:
         report["server_cpu_ours_vs_torchft"] = round(server_vs, 3)
         report["server_cpu_goal_met"] = server_vs <= 2.0
+    if pings:
+        report["server_cpu_per_ping"] = {
+            row: {k: round(v, 2) for k, v in r.items()} for row, r in pings.items()
+        }
+    if ping_vs_empty is not None:
+        report["ping_cpu_ours_vs_empty_server"] = round(ping_vs_empty, 3)
     report["errors"] = errors
     report["wall_s"] = round(time.monotonic() - t0, 1)
     report["cpus"] = os.cpu_count()
@@ -669,6 +804,9 @@ if __name__ == "__main__":
         if sys.argv[2] == "torchft":
             _without_our_tree()
         heartbeat_client(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        sys.exit(0)
+    if role == "--ping-client":
+        ping_client(sys.argv[2], sys.argv[3], int(sys.argv[4]))
         sys.exit(0)
     if role == "--serve":
         serve(sys.argv[2])
