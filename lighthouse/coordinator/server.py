@@ -90,6 +90,7 @@ MIN_CONNECTIONS = 8
 #: the state file, the listeners, gRPC's and asyncio's own, logs, stdio.
 FD_RESERVE = 64
 _REASON_MARGIN_S = 0.25  # a quorum wait ends this long before the caller's deadline
+_TICK_SLACK_S = 0.001  # a timer may fire this early on a loop with a millisecond clock (s)
 _MAX_MS = 2**31 - 1  # about 24.8 days: gRPC takes its keepalive period as a C int
 
 
@@ -127,7 +128,10 @@ class LighthouseServer:
             have not asked yet, counted from the first pending request;
             None = ``DEFAULT_JOIN_TIMEOUT_MS`` (10_000).
         quorum_tick_ms: milliseconds (int >= 1) between background
-            re-evaluations; None = ``DEFAULT_QUORUM_TICK_MS`` (100).
+            re-evaluations while a replica asks; None = ``DEFAULT_QUORUM_TICK_MS``
+            (100). While none asks, ticks come at most every 500 ms, a tenth of
+            the heartbeat timeout and a quarter of the join timeout, and never
+            more often than this (``core.tick_period_s``).
         heartbeat_timeout_ms: milliseconds (int >= 1) of silence after which a
             replica without a pending request is declared dead (fallback; a
             closed liveness stream declares it dead at once);
@@ -341,6 +345,7 @@ class LighthouseServer:
         )
         self._server: grpc.aio.Server | None = None
         self._tick_task: asyncio.Task[None] | None = None
+        self._tick_replan: asyncio.Event | None = None  # set: the tick loop plans again
         self._http: StatusHTTPServer | None = None
         self._stopped = False
         self._conn_guard = ConnectionGuard(self.limits, "the lighthouse")
@@ -399,8 +404,24 @@ class LighthouseServer:
         return port
 
     async def _tick_loop(self) -> None:
+        """Tick every `LighthouseCore.tick_period` seconds. A quorum request re-plans
+        the wait (`_replan_tick`): ticks stay at least the configured period apart,
+        and one comes within that period of the request."""
+        loop = asyncio.get_running_loop()
+        replan = self._tick_replan = asyncio.Event()
+        last = loop.time()
         while True:
-            await asyncio.sleep(self._tick_s)
+            due = last + self.core.tick_period(self._tick_s)
+            now = loop.time()
+            if now < due - _TICK_SLACK_S:
+                replan.clear()
+                timer = loop.call_later(due - now, replan.set)
+                try:
+                    await replan.wait()
+                finally:
+                    timer.cancel()
+                continue  # due, or a request shortened the period: plan again
+            last = now
             try:
                 self.core.tick()
                 room = self._admission.tick()
@@ -526,6 +547,8 @@ class LighthouseServer:
         if jump is not None:
             log.warning("%s", jump)
         fut = self.core.request(member)
+        if self._tick_replan is not None:  # an ask: the join timeout runs on the tick
+            self._tick_replan.set()
         remaining = context.time_remaining()
         if timeout_ms > 0:
             remaining = (
