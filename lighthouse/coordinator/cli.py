@@ -101,7 +101,8 @@ def build_parser(
         "--quorum-tick-ms",
         type=int,
         default=DEFAULT_QUORUM_TICK_MS,
-        help="milliseconds between background re-evaluations",
+        help="milliseconds between background re-evaluations while a replica asks "
+        "(while none does: at most every 500 ms, heartbeat timeout / 10, join timeout / 4)",
     )
     p.add_argument(
         "--heartbeat-timeout-ms",
