@@ -59,6 +59,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._proc import process_cpu_s  # noqa: E402
 from bench.manager_quorum import (  # noqa: E402
     TORCHFT_ENV,
     _without_our_tree,
@@ -243,19 +244,6 @@ def kill_to_quorum() -> dict[str, float]:
     finally:
         _stop(procs)
         lh.shutdown()
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds process ``pid`` has used, all its live threads (the nanosecond
-    counters of /proc/PID/task/*/schedstat: a clock tick, 10 ms, is too coarse)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def _torchft_native() -> Any:
@@ -457,6 +445,59 @@ def heartbeat_client(kind: str, address: str, calls: int) -> None:
     print(json.dumps({"elapsed_s": elapsed, "cpu_s": cpu}), flush=True)
 
 
+def _start_server(kind: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """The server ``kind`` (``ours``, ``empty_aio``, ``empty_sync``) in a process of
+    its own, ``env`` added to its environment, and the address it listens on."""
+    srv = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**ENV, **env},
+    )
+    info = read_json_line(srv, timeout=60)
+    if info is None:
+        stop(srv)
+        raise RuntimeError(f"server {kind} did not start (exit {srv.poll()})")
+    return srv, str(info["address"])
+
+
+def _server_cpu_under(
+    srv: subprocess.Popen[bytes], client_cmd: list[str], client_env: dict[str, str], what: str
+) -> tuple[float, float, dict[str, Any]]:
+    """Start the client ``client_cmd``, wait for its ready line, read the server's
+    idle CPU over ``IDLE_S``, then tell the client to go and read the server's CPU
+    until the client's result line. (idle CPU seconds per second, CPU seconds used
+    while the client ran, the client's result). Stops both processes."""
+    cli: subprocess.Popen[bytes] | None = None
+    try:
+        cli = subprocess.Popen(
+            client_cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=client_env,
+        )
+        if read_json_line(cli, timeout=60) is None:
+            raise RuntimeError(f"the {what} did not start (exit {cli.poll()})")
+        idle0, t0 = process_cpu_s(srv.pid), time.monotonic()
+        time.sleep(IDLE_S)  # a measurement window, not a wait for anything
+        idle = (process_cpu_s(srv.pid) - idle0) / (time.monotonic() - t0)
+        cpu0 = process_cpu_s(srv.pid)
+        assert cli.stdin is not None
+        cli.stdin.write(b"go\n")
+        cli.stdin.flush()
+        done = read_json_line(cli, timeout=120)
+        cpu = process_cpu_s(srv.pid) - cpu0
+        if done is None:
+            raise RuntimeError(f"the {what} did not finish (exit {cli.poll()})")
+    finally:
+        if cli is not None:
+            stop(cli)
+        stop(srv)
+    return idle, cpu, done
+
+
 def server_cpu(kind: str, env: dict[str, str], python: str | None) -> dict[str, float]:
     """The server ``kind`` (``ours``, ``torchft``, ``empty_aio``, ``empty_sync``) in a
     process of its own, ``env`` added to its environment; one client process makes
@@ -468,45 +509,11 @@ def server_cpu(kind: str, env: dict[str, str], python: str | None) -> dict[str, 
         srv, address = _start_torchft_lighthouse(python, 2, 1000)
         client_cmd, client_env = [python, __file__, "--hb-client", kind], TORCHFT_ENV
     else:
-        srv = subprocess.Popen(
-            [sys.executable, __file__, "--serve", kind],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env={**ENV, **env},
-        )
-        info = read_json_line(srv, timeout=60)
-        if info is None:
-            stop(srv)
-            raise RuntimeError(f"server {kind} did not start (exit {srv.poll()})")
-        address = str(info["address"])
+        srv, address = _start_server(kind, env)
         client_cmd, client_env = [sys.executable, __file__, "--hb-client", kind], ENV
-    cli: subprocess.Popen[bytes] | None = None
-    try:
-        cli = subprocess.Popen(
-            [*client_cmd, address, str(HB_CALLS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=client_env,
-        )
-        if read_json_line(cli, timeout=60) is None:
-            raise RuntimeError(f"the {kind} heartbeat client did not start (exit {cli.poll()})")
-        idle0, t0 = process_cpu_s(srv.pid), time.monotonic()
-        time.sleep(IDLE_S)  # a measurement window, not a wait for anything
-        idle = (process_cpu_s(srv.pid) - idle0) / (time.monotonic() - t0)
-        cpu0 = process_cpu_s(srv.pid)
-        assert cli.stdin is not None
-        cli.stdin.write(b"go\n")
-        cli.stdin.flush()
-        done = read_json_line(cli, timeout=120)
-        cpu = process_cpu_s(srv.pid) - cpu0
-        if done is None:
-            raise RuntimeError(f"the {kind} heartbeat client did not finish (exit {cli.poll()})")
-    finally:
-        if cli is not None:
-            stop(cli)
-        stop(srv)
+    idle, cpu, done = _server_cpu_under(
+        srv, [*client_cmd, address, str(HB_CALLS)], client_env, f"{kind} heartbeat client"
+    )
     return {
         "server_us": cpu / HB_CALLS * 1e6,
         "call_us": done["elapsed_s"] / HB_CALLS * 1e6,
@@ -566,42 +573,13 @@ def server_ping_cpu(kind: str) -> dict[str, float]:
     client process sends ``PINGS`` messages on one stream, ``PING_PERIOD_S`` apart.
     The server's CPU per message (µs) net of its idle CPU over the same time, and
     the idle CPU (µs per second, measured just before)."""
-    srv = subprocess.Popen(
-        [sys.executable, __file__, "--serve", kind],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=ENV,
+    srv, address = _start_server(kind, {})
+    idle, cpu, done = _server_cpu_under(
+        srv,
+        [sys.executable, __file__, "--ping-client", kind, address, str(PINGS)],
+        ENV,
+        f"{kind} ping client",
     )
-    cli: subprocess.Popen[bytes] | None = None
-    try:
-        info = read_json_line(srv, timeout=60)
-        if info is None:
-            raise RuntimeError(f"server {kind} did not start (exit {srv.poll()})")
-        cli = subprocess.Popen(
-            [sys.executable, __file__, "--ping-client", kind, str(info["address"]), str(PINGS)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=ENV,
-        )
-        if read_json_line(cli, timeout=60) is None:
-            raise RuntimeError(f"the {kind} ping client did not start (exit {cli.poll()})")
-        idle0, t0 = process_cpu_s(srv.pid), time.monotonic()
-        time.sleep(IDLE_S)  # a measurement window, not a wait for anything
-        idle = (process_cpu_s(srv.pid) - idle0) / (time.monotonic() - t0)
-        cpu0 = process_cpu_s(srv.pid)
-        assert cli.stdin is not None
-        cli.stdin.write(b"go\n")
-        cli.stdin.flush()
-        done = read_json_line(cli, timeout=120)
-        cpu = process_cpu_s(srv.pid) - cpu0
-        if done is None:
-            raise RuntimeError(f"the {kind} ping client did not finish (exit {cli.poll()})")
-    finally:
-        if cli is not None:
-            stop(cli)
-        stop(srv)
     net = cpu - idle * float(done["elapsed_s"])
     return {"server_us": net / PINGS * 1e6, "idle_us_per_s": idle * 1e6}
 

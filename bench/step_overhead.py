@@ -41,6 +41,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._proc import process_cpu_s
 from bench.ddp_pairs import alternate, ddp_pair, paired_overhead, paired_overhead_ci
 from tests.multiproc import RankContext, run_ranks
 
@@ -120,19 +121,6 @@ def _reexec_under(python: str) -> None:
     env = dict(os.environ, **{REEXEC_ENV: "1", "RUST_LOG": os.environ.get("RUST_LOG", "error")})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH", "")) if p)
     os.execve(python, [python, os.path.abspath(__file__), *sys.argv[1:]], env)
-
-
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds process `pid` has used, all its threads (nanosecond counters of
-    /proc/PID/task/*/schedstat: a clock tick, 10 ms, is too coarse for one round)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (FileNotFoundError, ProcessLookupError):
-            pass  # a thread that ended meanwhile
-    return total / 1e9
 
 
 def _serve_lighthouse(kind: str) -> None:
